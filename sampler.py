@@ -1,0 +1,443 @@
+"""Flow-matching sampling for TP-GRPO: SDE/ODE steps with log-probs, windowed rollouts, batched ODE completions.
+
+Implements SPEC.md sections 1-4 (paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewards"):
+
+  * the T-step sigma grid of SD3's FlowMatchEulerDiscreteScheduler and classifier-free-guided velocities,
+  * the Euler ODE step and the two stochastic steps ("sde" = Flow-GRPO's reverse SDE, "cps" =
+    coefficients-preserving sampling) with their log-probabilities and the std used by the KL term,
+  * a rollout of B prompts x G members whose steps w0 .. w0+W-1 are stochastic (the "SDE window"),
+  * the ODE completions R(s_k) needs: every window state s_k is finished with the Euler ODE on the rest of the
+    same grid. `complete_naive` is the readable per-state loop (the test oracle); `rollout(..., complete=True)`
+    computes the same thing as a "wavefront": one transformer call per grid index for the rollout state and
+    every live branch, reusing the rollout's velocity at each branch's first step (55 instead of 64 network
+    evaluations per trajectory for T = 10, W = 9, in T calls instead of 64),
+  * decoding latents to images in [0, 1].
+
+Run `python bench.py` to count and time it; `python -m pytest tests/test_sampler.py` to check it.
+
+Shape legend: B prompts, G group size, N = B*G trajectories (or any batch of them), T steps, W window length,
+C/H/W latent channels/height/width, L text tokens, D text width, P pooled width.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import string
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5Config, T5EncoderModel, T5Tokenizer
+
+SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
+SAMPLERS = ("sde", "cps")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1. Loading: a real SD3 pipeline, or a tiny random-weight one built from configs (same classes, same code path)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message is one line saying which and how to fix it."""
+
+
+def tiny_text_stack(seed: int = 0, words: list[str] | None = None, width: int = 32, layers: int = 2):
+    """Two tiny CLIP text encoders + a tiny T5 with in-memory character tokenizers (no files, no download).
+
+    SD3 needs: T5 d_model = joint_attention_dim = width, and the two CLIP projections concatenated
+    = pooled_projection_dim = width, so each CLIP projects to width // 2. `words` adds whole-word tokens
+    (the toy world's vocabulary) on top of the character-level fallback.
+    """
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    clip_vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for piece in chars + [c + "</w>" for c in chars] + [w + "</w>" for w in (words or [])]:
+        clip_vocab.setdefault(piece, len(clip_vocab))
+    t5_pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)]
+    t5_pieces += [(c, -2.0) for c in chars] + [("\u2581" + c, -1.5) for c in chars]
+    t5_pieces += [("\u2581" + w, -0.5) for w in (words or [])]
+
+    torch.manual_seed(seed)
+    components = {}
+    for name in ("", "_2"):
+        cfg = CLIPTextConfig(vocab_size=len(clip_vocab), hidden_size=width // 2, intermediate_size=width,
+                             num_hidden_layers=layers, num_attention_heads=2, projection_dim=width // 2,
+                             max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+                             hidden_act="gelu")
+        components["text_encoder" + name] = CLIPTextModelWithProjection(cfg).eval()
+        components["tokenizer" + name] = CLIPTokenizer(vocab=clip_vocab, merges=[], model_max_length=77,
+                                                       pad_token="<|endoftext|>")
+    t5_cfg = T5Config(vocab_size=len(t5_pieces), d_model=width, d_kv=8, d_ff=2 * width, num_layers=layers,
+                      num_heads=2, relative_attention_num_buckets=8, dropout_rate=0.0, pad_token_id=0,
+                      eos_token_id=1, decoder_start_token_id=0)
+    components["text_encoder_3"] = T5EncoderModel(t5_cfg).eval()
+    components["tokenizer_3"] = T5Tokenizer(vocab=t5_pieces, extra_ids=0)
+    return components
+
+
+def tiny_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
+    """A random-weight SD3 pipeline small enough for CPU tests: 16x16 px images, 4x8x8 latents, 2 blocks.
+
+    Every class is the real diffusers/transformers one, so the code after loading is the code that runs SD3.5-M.
+    """
+    width = 32
+    text = tiny_text_stack(seed, width=width)
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2,
+                                        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=width,
+                                        caption_projection_dim=16, pooled_projection_dim=width,
+                                        pos_embed_max_size=16).eval()
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
+                        layers_per_block=1, norm_num_groups=4, sample_size=16, scaling_factor=1.5305,
+                        shift_factor=0.0609).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
+    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
+
+
+def load_pipeline(model: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """SD3 components from "tiny" (random weights, built in code), a hub id (SD35_MEDIUM) or a local folder.
+
+    A local folder may hold a pipeline without a VAE (the toy world's pixel-space model): `decode` handles it.
+    Text encoders and the VAE are frozen; only the transformer is ever trained.
+    """
+    if model == "tiny":
+        pipe = tiny_pipeline()
+    else:
+        index = os.path.join(model, "model_index.json")
+        # A saved pixel-space pipeline records "vae": [null, null]; diffusers then wants vae=None said explicitly.
+        no_vae = os.path.isfile(index) and json.load(open(index)).get("vae", [None])[0] is None
+        try:
+            pipe = StableDiffusion3Pipeline.from_pretrained(model, dtype=dtype, **({"vae": None} if no_vae else {}))
+        except Exception as e:  # offline, gated, typo: all end here, and nothing is half-loaded
+            raise ModelLoadError(
+                f"cannot load the SD3 pipeline '{model}' ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                f"pass --model a local copy (`hf download {SD35_MEDIUM} --local-dir DIR` where there is internet, "
+                f"after accepting its license) or 'tiny'") from e
+    pipe = pipe.to(device)
+    for module in (pipe.vae, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3, pipe.transformer):
+        if module is not None:
+            module.requires_grad_(False).eval()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def latent_shape(pipe, resolution: int) -> tuple[int, int, int]:
+    """(C, H, W) of a latent for a square image of `resolution` pixels (pixel space when there is no VAE)."""
+    factor = 2 ** (len(pipe.vae.config.block_out_channels) - 1) if pipe.vae is not None else 1
+    patch = pipe.transformer.config.patch_size
+    if resolution % (factor * patch):
+        raise ValueError(f"resolution {resolution} must be divisible by {factor * patch} (VAE factor x patch size)")
+    return (pipe.transformer.config.in_channels, resolution // factor, resolution // factor)
+
+
+@torch.no_grad()
+def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
+    """Latents (N, C, H, W) -> images (N, 3, H', W') float32 in [0, 1].
+
+    SD3's VAE expects x / scaling_factor + shift_factor (the inverse of what encoding applied); a pipeline without a
+    VAE generates pixels in [-1, 1] directly.
+    """
+    if pipe.vae is None:
+        images = latents.float()  # (N, 3, H, W) pixels in [-1, 1]
+    else:
+        z = latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor  # (N, C, H, W)
+        images = pipe.vae.decode(z, return_dict=False)[0].float()  # (N, 3, H', W') in [-1, 1]
+    return (images / 2 + 0.5).clamp(0, 1)  # (N, 3, H', W')
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. The grid, the prompt conditioning and the guided velocity (SPEC 1)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def sigma_grid(scheduler, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The T-step grid sigma_0 = 1 > ... > sigma_T = 0 and the transformer's timesteps (sigma_i * 1000).
+
+    Taken from the pipeline's own scheduler so that SD3.5-M's static shift (shift = 3) applies exactly as in
+    diffusers. A copy of the scheduler is used so the pipeline's state is untouched.
+    """
+    sched = FlowMatchEulerDiscreteScheduler.from_config(scheduler.config)
+    sched.set_timesteps(steps)
+    sigmas = sched.sigmas.to(torch.float32).cpu()  # (T+1,)
+    timesteps = sched.timesteps.to(torch.float32).cpu()  # (T,)
+    return sigmas, timesteps
+
+
+@dataclass
+class Cond:
+    """Text conditioning, one row per image: positive and, with CFG, negative ("") embeddings."""
+
+    embeds: torch.Tensor  # (N, L, D)
+    pooled: torch.Tensor  # (N, P)
+    neg_embeds: torch.Tensor | None = None  # (N, L, D), None without CFG
+    neg_pooled: torch.Tensor | None = None  # (N, P)
+
+    def rows(self, index) -> "Cond":
+        """The conditioning of a subset (or a repetition) of rows."""
+        pick = lambda t: None if t is None else t[index]  # noqa: E731
+        return Cond(pick(self.embeds), pick(self.pooled), pick(self.neg_embeds), pick(self.neg_pooled))
+
+    def repeat(self, times: int) -> "Cond":
+        """Each row `times` times in a row: B prompts -> B*G members, members of one prompt adjacent."""
+        return self.rows(torch.arange(self.embeds.shape[0]).repeat_interleave(times))
+
+
+@torch.no_grad()
+def encode_prompts(pipe, prompts: list[str], guidance_scale: float, max_sequence_length: int = 128) -> Cond:
+    """Encode B prompts once per batch (frozen text encoders, no grad). CFG (w > 1) adds the "" negative prompt."""
+    cfg = guidance_scale > 1.0
+    device = pipe.transformer.device
+    embeds, neg, pooled, neg_pooled = pipe.encode_prompt(
+        prompt=prompts, prompt_2=None, prompt_3=None, device=device, do_classifier_free_guidance=cfg,
+        negative_prompt=[""] * len(prompts) if cfg else None, max_sequence_length=max_sequence_length)
+    # embeds (B, L, D), pooled (B, P); neg_* the same shapes or None
+    return Cond(embeds, pooled, neg if cfg else None, neg_pooled if cfg else None)
+
+
+@dataclass
+class EvalCounter:
+    """Counts transformer work: `evals` = images x steps (a CFG pair counts once), `calls` = forward passes."""
+
+    evals: int = 0
+    calls: int = 0
+
+
+def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, guidance_scale: float,
+             counter: EvalCounter | None = None) -> torch.Tensor:
+    """Guided velocity v(x, sigma, c) in float32 for a batch of n images at per-image timesteps (n,).
+
+    SPEC 1: v = v_uncond + w (v_cond - v_uncond). With CFG the conditional and unconditional halves go through the
+    transformer in one call, as in diffusers' pipeline.
+    """
+    n = x.shape[0]
+    dtype = transformer.dtype
+    if cond.neg_embeds is not None:
+        hidden = torch.cat([x, x]).to(dtype)  # (2n, C, H, W)
+        enc = torch.cat([cond.neg_embeds, cond.embeds])  # (2n, L, D)
+        pooled = torch.cat([cond.neg_pooled, cond.pooled])  # (2n, P)
+        t = torch.cat([timestep, timestep])  # (2n,)
+    else:
+        hidden, enc, pooled, t = x.to(dtype), cond.embeds, cond.pooled, timestep
+    out = transformer(hidden_states=hidden, timestep=t.to(x.device, dtype), encoder_hidden_states=enc.to(dtype),
+                      pooled_projections=pooled.to(dtype), return_dict=False)[0].float()  # (2n or n, C, H, W)
+    if counter is not None:
+        counter.evals += n
+        counter.calls += 1
+    if cond.neg_embeds is None:
+        return out
+    v_uncond, v_cond = out.chunk(2)  # (n, C, H, W) each
+    # SPEC 1: v = v_uncond + w (v_cond - v_uncond)
+    return v_uncond + guidance_scale * (v_cond - v_uncond)  # (n, C, H, W)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. One step: ODE, and the two stochastic samplers with log-probabilities (SPEC 2). Pure functions, float32.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _per_sample(s, like: torch.Tensor) -> torch.Tensor:
+    """A scalar or (n,) sigma as (n, 1, 1, 1) float32 on the device of `like`, ready to broadcast."""
+    s = torch.as_tensor(s, dtype=torch.float32, device=like.device)
+    return s.reshape(-1, *([1] * (like.dim() - 1))).expand(like.shape[0], *([1] * (like.dim() - 1)))
+
+
+def ode_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next) -> torch.Tensor:
+    """Euler ODE step, SPEC 1: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) v(x_i, sigma_i)."""
+    x, v = x.float(), v.float()
+    return x + (_per_sample(sigma_next, x) - _per_sample(sigma, x)) * v  # (n, C, H, W)
+
+
+@dataclass
+class StepOut:
+    next: torch.Tensor  # (n, C, H, W) x' (the given one when evaluating a stored sample)
+    log_prob: torch.Tensor  # (n,) log p(x' | x), mean over non-batch dims
+    mean: torch.Tensor  # (n, C, H, W) mean of p(. | x)
+    std_kl: torch.Tensor  # (n,) what the KL term divides by (SPEC 2)
+
+
+def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, kind: str = "cps",
+             noise: torch.Tensor | None = None, next_sample: torch.Tensor | None = None) -> StepOut:
+    """A stochastic step from sigma to sigma' < sigma, or the log-prob of a GIVEN next sample (training).
+
+    Exactly one of `noise` (eps ~ N(0, I), (n, C, H, W)) and `next_sample` (a stored x') is given. With
+    noise_level a = 0 both samplers are the Euler ODE step. Everything is float32: bf16/fp16 overflow in the mean.
+    """
+    if kind not in SAMPLERS:
+        raise ValueError(f"unknown sampler '{kind}'; use one of {SAMPLERS}")
+    if (noise is None) == (next_sample is None):
+        raise ValueError("pass exactly one of noise= (to sample) and next_sample= (to score a stored sample)")
+    x, v = x.float(), v.float()
+    s, s_next = _per_sample(sigma, x), _per_sample(sigma_next, x)  # (n, 1, 1, 1) each
+    dims = tuple(range(1, x.dim()))
+
+    if kind == "sde":
+        # SPEC 2 "sde" (Flow-GRPO, Euler-Maruyama on the reverse SDE): dt = sigma' - sigma < 0
+        dt = s_next - s
+        # std = a sqrt(sigma / (1 - sigma)); at sigma = 1 the denominator uses 1 - sigma_1 (= 1 - sigma' there)
+        std = noise_level * torch.sqrt(s / torch.where(s == 1, 1 - s_next, 1 - s))  # (n, 1, 1, 1)
+        # mean = x (1 + std^2 dt / (2 sigma)) + v (1 + std^2 (1 - sigma) / (2 sigma)) dt
+        mean = x * (1 + std**2 * dt / (2 * s)) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt  # (n, C, H, W)
+        # x' = mean + std sqrt(-dt) eps: the transition's actual standard deviation
+        scale = std * torch.sqrt(-dt)  # (n, 1, 1, 1)
+        x_next = mean + scale * noise if next_sample is None else next_sample.float()  # (n, C, H, W)
+        # log N(x'; mean, scale^2) = -(x' - mean)^2 / (2 scale^2) - log scale - log sqrt(2 pi), mean over dims.
+        # A deterministic step (scale = 0) gets log-prob 0: ratio 1, no gradient, never NaN.
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        log_density = -((x_next - mean) ** 2) / (2 * safe**2) - torch.log(safe) - 0.5 * math.log(2 * math.pi)
+        log_prob = torch.where(scale > 0, log_density, torch.zeros_like(log_density)).mean(dims)  # (n,)
+        # KL std: `std` WITHOUT sqrt(-dt), as the demo code divides by (beta was tuned to it). The exact Gaussian
+        # KL between the two transitions would divide by scale^2 = std^2 (-dt): ours is that KL times (-dt).
+        std_kl = std.flatten()  # (n,)
+    else:
+        # SPEC 2 "cps" (coefficients-preserving sampling): predicted clean image and noise
+        x0_hat = x - s * v  # (n, C, H, W)
+        x1_hat = x + (1 - s) * v  # (n, C, H, W)
+        # s = sigma' sin(a pi / 2): the injected noise; the predicted noise keeps the rest of sigma'^2
+        noise_std = s_next * math.sin(noise_level * math.pi / 2)  # (n, 1, 1, 1)
+        # mean = (1 - sigma') x0_hat + sqrt(sigma'^2 - s^2) x1_hat
+        mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - noise_std**2).clamp_min(0)) * x1_hat  # (n, C, H, W)
+        x_next = mean + noise_std * noise if next_sample is None else next_sample.float()  # (n, C, H, W)
+        # log p := -mean((x' - mean)^2): the demo code drops the constants AND the 1/(2 s^2) factor, and its ratio
+        # clip range (1e-5) was tuned for this scale, so we keep it (SPEC 2). Only differences of it are used.
+        log_prob = -((x_next - mean) ** 2).mean(dims)  # (n,)
+        std_kl = noise_std.flatten()  # (n,) exact per-step noise std; 0 on the last step (sigma' = 0)
+    return StepOut(x_next, log_prob, mean, std_kl)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 4. Seeds: every trajectory is replayable from (seed, iteration, prompt, member), whatever the batch layout
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def member_seed(seed: int, iteration: int, prompt: int, member: int) -> int:
+    """A 63-bit seed mixed from the four integers (numpy's SeedSequence: well-spread, no collisions in practice)."""
+    return int(np.random.SeedSequence([seed, iteration, prompt, member]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def make_generators(seeds: list[int]) -> list[torch.Generator]:
+    """One CPU generator per trajectory: noise is drawn on the CPU, so it is the same on every device."""
+    return [torch.Generator("cpu").manual_seed(s) for s in seeds]
+
+
+def draw_noise(generators: list[torch.Generator], shape: tuple[int, ...], device) -> torch.Tensor:
+    """eps ~ N(0, I) for each trajectory from its own generator: (n, *shape)."""
+    return torch.stack([torch.randn(shape, generator=g) for g in generators]).to(device)  # (n, C, H, W)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 5. Rollout with an SDE window (SPEC 3), optionally with the batched ODE completions (SPEC 4)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    """What training needs from a batch of n trajectories. Window step k (1..W) takes s_{k-1} to s_k at grid
+    index w0 + k - 1, i.e. from sigmas[w0 + k - 1] to sigmas[w0 + k]."""
+
+    sigmas: torch.Tensor  # (T+1,)
+    timesteps: torch.Tensor  # (T,)
+    w0: int
+    window: int  # W
+    x_T: torch.Tensor  # (n, C, H, W) the initial noise
+    states: torch.Tensor  # (n, W+1, C, H, W) s_0 .. s_W
+    log_probs: torch.Tensor  # (n, W) log p(s_k | s_{k-1}) at sampling time (logp_old)
+    final: torch.Tensor  # (n, C, H, W) x_0, the trajectory's image latent
+    completions: torch.Tensor | None = None  # (n, W+1, C, H, W) ODE-complete(s_k); [:, W] is `final`
+    counter: EvalCounter = field(default_factory=EvalCounter)
+
+
+def check_window(steps: int, w0: int, window: int) -> None:
+    if not (window >= 1 and 0 <= w0 and w0 + window <= steps):
+        raise ValueError(f"SDE window [w0={w0}, w0+W={w0 + window}) must lie inside the {steps} steps; "
+                         f"choose 0 <= w0 and 1 <= W <= T - w0")
+
+
+@torch.no_grad()
+def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.Generator], sigmas: torch.Tensor,
+            timesteps: torch.Tensor, w0: int, window: int, noise_level: float, kind: str, guidance_scale: float,
+            complete: bool = False, chunk_size: int | None = None) -> Rollout:
+    """Sample n trajectories over the T-step grid; steps w0 .. w0+W-1 are stochastic, the rest ODE.
+
+    complete=True also returns ODE-complete(s_k) for k = 0..W (SPEC 4) as a wavefront: the branch started at s_k
+    takes its first Euler step with the velocity the rollout just computed at s_k (an exact reuse), and at every
+    later grid index all live branches sit at the same sigma_i as the rollout state, so one transformer call
+    evaluates them all. chunk_size caps the images per call (peak memory) without changing any result.
+    """
+    steps = len(timesteps)
+    check_window(steps, w0, window)
+    n = x_T.shape[0]
+    counter = EvalCounter()
+    x = x_T.float()  # (n, C, H, W)
+    states, log_probs = [], []
+    branches = torch.empty(0, *x.shape[1:], device=x.device)  # (n*live, C, H, W) completion branches
+    for i in range(steps):
+        # Evaluate the rollout state and, stacked behind it, every live branch: they all sit at sigma_i.
+        stacked = torch.cat([x, branches])  # (n*(1+live), C, H, W)
+        live = branches.shape[0] // n
+        v_all = _chunked_velocity(transformer, stacked, timesteps[i], cond, live + 1, guidance_scale, counter,
+                                  chunk_size)  # (n*(1+live), C, H, W)
+        v, v_branches = v_all[:n], v_all[n:]  # (n, C, H, W), (n*live, C, H, W)
+        branches = ode_step(branches, v_branches, sigmas[i], sigmas[i + 1])  # (n*live, C, H, W)
+        in_window = w0 <= i < w0 + window
+        if in_window:
+            states.append(x)
+            if complete:
+                # SPEC 4, saving 1: ODE-complete(s_k) starts with v(s_k, sigma_{w0+k}), which is v: reuse it.
+                branches = torch.cat([branches, ode_step(x, v, sigmas[i], sigmas[i + 1])])  # (n*(live+1), C, H, W)
+            out = sde_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
+                           noise=draw_noise(generators, x.shape[1:], x.device))
+            x = out.next  # (n, C, H, W)
+            log_probs.append(out.log_prob)
+        else:
+            x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, H, W)
+        if i == w0 + window - 1:
+            states.append(x)  # s_W
+    completions = None
+    if complete:
+        # branches hold ODE-complete(s_0) .. ODE-complete(s_{W-1}) in blocks of n; s_W's completion is the rollout.
+        completions = torch.cat([branches.reshape(window, n, *x.shape[1:]).transpose(0, 1), x[:, None]], 1)
+        # (n, W+1, C, H, W)
+    return Rollout(sigmas, timesteps, w0, window, x_T.float(), torch.stack(states, 1), torch.stack(log_probs, 1),
+                   x, completions, counter)  # states (n, W+1, C, H, W), log_probs (n, W)
+
+
+def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, copies: int,
+                      guidance_scale: float, counter: EvalCounter, chunk_size: int | None) -> torch.Tensor:
+    """velocity() on `copies` stacked blocks of the n rows of `cond`, in chunks of at most chunk_size images."""
+    n = cond.embeds.shape[0]
+    rows = torch.arange(n, device=cond.embeds.device).repeat(copies)  # (n*copies,) the prompt row of each image
+    size = x.shape[0] if chunk_size is None else chunk_size
+    out = []
+    for start in range(0, x.shape[0], size):
+        part = slice(start, start + size)
+        t = timestep.expand(x[part].shape[0])  # (m,)
+        out.append(velocity(transformer, x[part], t, cond.rows(rows[part]), guidance_scale, counter))
+    return torch.cat(out)  # (n*copies, C, H, W)
+
+
+@torch.no_grad()
+def ode_complete(transformer, x: torch.Tensor, start: int, cond: Cond, sigmas: torch.Tensor,
+                 timesteps: torch.Tensor, guidance_scale: float, counter: EvalCounter | None = None) -> torch.Tensor:
+    """Euler ODE from a state at grid index `start` down to sigma_T = 0 on the same grid (n, C, H, W)."""
+    x = x.float()
+    for i in range(start, len(timesteps)):
+        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter)
+        x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, H, W)
+    return x
+
+
+@torch.no_grad()
+def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float,
+                   counter: EvalCounter | None = None) -> torch.Tensor:
+    """The reference: finish every window state separately (the demo code's layout, with R_0 from the
+    trajectory's own x_T). Returns (n, W+1, C, H, W); index W is the rollout's own final latent."""
+    # DEVIATION: the demo code's pure-ODE run for R_0 draws fresh noise (generator None); we complete s_0, which
+    # is reached from this trajectory's x_T by ODE steps only, because the paper's R_0 is "this trajectory
+    # without any SDE step" (SPEC 4).
+    finished = [ode_complete(transformer, ro.states[:, k], ro.w0 + k, cond, ro.sigmas, ro.timesteps,
+                             guidance_scale, counter) for k in range(ro.window)]  # W x (n, C, H, W)
+    return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, H, W)

@@ -1,0 +1,222 @@
+"""sampler.py against independent oracles: torch.distributions, SPEC's formulas, diffusers' own pipeline, the
+naive completion loop; plus counting, determinism and numerical edge cases (SPEC 1-4)."""
+
+import math
+import os
+
+import pytest
+import torch
+
+import sampler as S
+
+T, W = 10, 9
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return S.load_pipeline("tiny")
+
+
+@pytest.fixture(scope="module")
+def grid(pipe):
+    return S.sigma_grid(pipe.scheduler, T)
+
+
+def _setup(pipe, prompts, group, guidance=4.5, seed=0):
+    """Conditioning and seeded generators/initial noise for len(prompts) x group trajectories."""
+    cond = S.encode_prompts(pipe, prompts, guidance, max_sequence_length=16).repeat(group)
+    gens = S.make_generators([S.member_seed(seed, 0, p, m) for p in range(len(prompts)) for m in range(group)])
+    x_T = S.draw_noise(gens, S.latent_shape(pipe, 16), "cpu")  # (n, C, H, W)
+    return cond, gens, x_T
+
+
+def _rollout(pipe, grid, prompts=("a red cat", "two dogs"), group=3, guidance=4.5, w0=0, window=W, kind="cps",
+             noise_level=0.7, complete=True, chunk_size=None, seed=0):
+    cond, gens, x_T = _setup(pipe, list(prompts), group, guidance, seed)
+    ro = S.rollout(pipe.transformer, cond, x_T, gens, *grid, w0, window, noise_level, kind, guidance,
+                   complete=complete, chunk_size=chunk_size)
+    return ro, cond
+
+
+# ---------------------------------------------------------------- single steps (SPEC 2)
+
+
+def _random_step(i, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed + i)
+    x, v, eps = (torch.randn(n, 4, 8, 8, generator=g) for _ in range(3))
+    return x, v, eps
+
+
+@pytest.mark.parametrize("i", [0, 3, T - 1])  # sigma = 1, a middle step, the last step (sigma' = 0)
+def test_sde_log_prob_is_the_gaussian_density(grid, i):
+    sigmas, _ = grid
+    x, v, eps = _random_step(i)
+    out = S.sde_step(x, v, sigmas[i], sigmas[i + 1], 0.7, "sde", noise=eps)
+    s, s1 = sigmas[i].double(), sigmas[i + 1].double()
+    dt = s1 - s
+    std = 0.7 * torch.sqrt(s / (1 - (s1 if s == 1 else s)))
+    normal = torch.distributions.Normal(out.mean.double(), std * torch.sqrt(-dt))
+    expected = normal.log_prob(out.next.double()).mean(dim=(1, 2, 3))
+    torch.testing.assert_close(out.log_prob.double(), expected, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(out.std_kl, std.float().expand(4))
+    # the sample really has that mean and spread
+    torch.testing.assert_close(out.next, out.mean + (std * torch.sqrt(-dt)).float() * eps)
+
+
+@pytest.mark.parametrize("i", [0, 4, T - 1])
+def test_cps_mean_matches_spec_formula(grid, i):
+    sigmas, _ = grid
+    x, v, eps = _random_step(i)
+    out = S.sde_step(x, v, sigmas[i], sigmas[i + 1], 0.7, "cps", noise=eps)
+    s, s1 = float(sigmas[i]), float(sigmas[i + 1])
+    noise_std = s1 * math.sin(0.7 * math.pi / 2)
+    mean = (1 - s1) * (x - s * v) + math.sqrt(max(s1**2 - noise_std**2, 0.0)) * (x + (1 - s) * v)
+    torch.testing.assert_close(out.mean, mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.next, mean + noise_std * eps, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.log_prob, -((out.next - out.mean) ** 2).mean(dim=(1, 2, 3)))
+    assert torch.allclose(out.std_kl, torch.full((4,), noise_std))
+
+
+@pytest.mark.parametrize("kind", S.SAMPLERS)
+@pytest.mark.parametrize("i", [0, 5, T - 1])
+def test_noise_level_zero_is_the_euler_step(grid, kind, i):
+    sigmas, _ = grid
+    x, v, eps = _random_step(i)
+    euler = x + (sigmas[i + 1] - sigmas[i]) * v
+    out = S.sde_step(x, v, sigmas[i], sigmas[i + 1], 0.0, kind, noise=eps)
+    torch.testing.assert_close(S.ode_step(x, v, sigmas[i], sigmas[i + 1]), euler, rtol=0, atol=0)
+    if kind == "sde":  # algebraically the same expression: bit-exact
+        torch.testing.assert_close(out.next, euler, rtol=0, atol=0)
+    else:  # (1-s')(x - s v) + s'(x + (1-s) v) = x + (s' - s) v up to rounding
+        torch.testing.assert_close(out.next, euler, rtol=0, atol=1e-6)
+    assert torch.isfinite(out.log_prob).all()
+
+
+@pytest.mark.parametrize("kind", S.SAMPLERS)
+def test_edge_steps_are_finite_float32(grid, kind):
+    sigmas, _ = grid
+    for i in (0, T - 1):  # sigma = 1 and sigma' = 0
+        x, v, eps = _random_step(i)
+        out = S.sde_step(x.half(), v.half(), sigmas[i], sigmas[i + 1], 0.7, kind, noise=eps)
+        for t in (out.next, out.log_prob, out.mean, out.std_kl):
+            assert t.dtype == torch.float32 and torch.isfinite(t).all()
+    x, v, eps = _random_step(T - 1)
+    last = S.sde_step(x, v, sigmas[T - 1], sigmas[T], 0.7, "cps", noise=eps)
+    assert (last.std_kl == 0).all()  # the last CPS step is deterministic: it must never enter the KL
+
+
+def test_sde_step_rejects_bad_arguments(grid):
+    sigmas, _ = grid
+    x, v, eps = _random_step(0)
+    with pytest.raises(ValueError, match="unknown sampler"):
+        S.sde_step(x, v, sigmas[0], sigmas[1], 0.7, "ddim", noise=eps)
+    with pytest.raises(ValueError, match="exactly one"):
+        S.sde_step(x, v, sigmas[0], sigmas[1], 0.7, "cps")
+
+
+# ---------------------------------------------------------------- rollouts and completions (SPEC 3-4)
+
+
+def test_grid_comes_from_the_scheduler(pipe, grid):
+    sigmas, timesteps = grid
+    assert sigmas.shape == (T + 1,) and timesteps.shape == (T,)
+    assert sigmas[0] == 1 and sigmas[-1] == 0 and (sigmas[1:] < sigmas[:-1]).all()
+    torch.testing.assert_close(timesteps, sigmas[:-1] * 1000)
+
+
+@pytest.mark.parametrize("guidance", [1.0, 4.5])
+def test_pure_ode_rollout_equals_diffusers_pipeline(pipe, grid, guidance):
+    prompts = ["a red cat", "two dogs"]
+    cond, gens, x_T = _setup(pipe, prompts, 1, guidance)
+    ref = pipe(prompt=prompts, negative_prompt=["", ""], latents=x_T.clone(), num_inference_steps=T,
+               guidance_scale=guidance, height=16, width=16, output_type="latent", max_sequence_length=16).images
+    ode = S.ode_complete(pipe.transformer, x_T, 0, cond, *grid, guidance)
+    ro = S.rollout(pipe.transformer, cond, x_T, gens, *grid, 0, W, 0.0, "sde", guidance)  # a = 0: all ODE
+    torch.testing.assert_close(ode, ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ro.final, ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("w0,window,kind,chunk", [(0, W, "cps", None), (2, 5, "sde", None), (0, W, "cps", 7)])
+def test_batched_completions_equal_the_naive_loop(pipe, grid, w0, window, kind, chunk):
+    ro, cond = _rollout(pipe, grid, w0=w0, window=window, kind=kind, chunk_size=chunk)
+    naive = S.complete_naive(pipe.transformer, ro, cond, 4.5)
+    assert ro.completions.shape == (6, window + 1, 4, 8, 8) == naive.shape
+    torch.testing.assert_close(ro.completions, naive, rtol=0, atol=1e-5)
+    # the last window state, finished by the ODE, is the trajectory's own final latent
+    last = S.ode_complete(pipe.transformer, ro.states[:, -1], w0 + window, cond, *grid, 4.5)
+    torch.testing.assert_close(last, ro.final, rtol=0, atol=1e-5)
+    # R_0's completion is the pure-ODE image of the SAME initial noise (SPEC 4 deviation from the demo code)
+    pure = S.ode_complete(pipe.transformer, ro.x_T, 0, cond, *grid, 4.5)
+    torch.testing.assert_close(ro.completions[:, 0], pure, rtol=0, atol=1e-5)
+    # the completions are not all the same image: the window's noise moved the states
+    assert (ro.completions[:, 0] - ro.completions[:, -1]).abs().max() > 1e-3
+
+
+def test_counting_55_batched_64_demo_layout(pipe, grid):
+    ro, cond = _rollout(pipe, grid, group=4)
+    n = ro.x_T.shape[0]
+    assert ro.counter.evals == 55 * n and ro.counter.calls == T
+    flow_grpo, _ = _rollout(pipe, grid, group=4, complete=False)
+    assert flow_grpo.counter.evals == T * n and flow_grpo.counter.calls == T
+    naive = S.EvalCounter()
+    S.complete_naive(pipe.transformer, ro, cond, 4.5, naive)
+    # demo layout: 10 rollout + a pure-ODE run of 10 + completions of s_1..s_8 (9 + ... + 2)
+    assert flow_grpo.counter.evals + naive.evals == 64 * n
+    chunked, _ = _rollout(pipe, grid, group=4, chunk_size=5)
+    assert chunked.counter.evals == 55 * n and chunked.counter.calls > T
+
+
+def test_same_seed_same_trajectory_bit_exact(pipe, grid):
+    a, _ = _rollout(pipe, grid, seed=3)
+    b, _ = _rollout(pipe, grid, seed=3)
+    c, _ = _rollout(pipe, grid, seed=4)
+    for x, y in [(a.states, b.states), (a.log_probs, b.log_probs), (a.completions, b.completions)]:
+        assert torch.equal(x, y)
+    assert not torch.equal(a.final, c.final)
+
+
+def test_trajectory_does_not_depend_on_the_batch(pipe, grid):
+    big, _ = _rollout(pipe, grid, prompts=("a red cat", "two dogs", "a blue car"), group=3)
+    # prompt 0 alone: its members get the same seeds (seed, iteration, prompt 0, member m)
+    alone, _ = _rollout(pipe, grid, prompts=("a red cat",), group=3)
+    torch.testing.assert_close(alone.states, big.states[:3], rtol=0, atol=1e-5)
+    torch.testing.assert_close(alone.completions, big.completions[:3], rtol=0, atol=1e-5)
+    torch.testing.assert_close(alone.log_probs, big.log_probs[:3], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", S.SAMPLERS)
+def test_stored_log_prob_is_recomputed_exactly(pipe, grid, kind):
+    ro, cond = _rollout(pipe, grid, kind=kind, w0=1, window=8)
+    sigmas, timesteps = grid
+    for k in range(ro.window):
+        i = ro.w0 + k
+        with torch.no_grad():
+            v = S.velocity(pipe.transformer, ro.states[:, k], timesteps[i].expand(6), cond, 4.5)
+        out = S.sde_step(ro.states[:, k], v, sigmas[i], sigmas[i + 1], 0.7, kind, next_sample=ro.states[:, k + 1])
+        torch.testing.assert_close(out.log_prob, ro.log_probs[:, k], rtol=1e-5, atol=1e-5)
+        assert torch.isfinite(out.log_prob).all()
+
+
+def test_bad_window_is_refused(pipe, grid):
+    with pytest.raises(ValueError, match="SDE window"):
+        _rollout(pipe, grid, w0=3, window=8)
+
+
+def test_decode_gives_images_in_unit_range(pipe, grid):
+    ro, _ = _rollout(pipe, grid, complete=False)
+    images = S.decode(pipe, ro.final)
+    assert images.shape == (6, 3, 16, 16) and images.dtype == torch.float32
+    assert images.min() >= 0 and images.max() <= 1
+
+
+def test_member_seed_is_stable_and_distinct():
+    seeds = {S.member_seed(0, it, p, m) for it in range(3) for p in range(4) for m in range(5)}
+    assert len(seeds) == 60 and S.member_seed(1, 2, 3, 4) == S.member_seed(1, 2, 3, 4)
+
+
+def test_missing_model_gives_one_clear_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(S.ModelLoadError) as err:
+        S.load_pipeline(os.path.join("/nonexistent", "sd3-model"))
+    message = str(err.value)
+    assert "\n" not in message and "/nonexistent/sd3-model" in message and "local copy" in message
