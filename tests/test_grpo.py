@@ -1,0 +1,261 @@
+"""Tests for grpo.py: per-timestep advantages against a plain-Python oracle (statistics.pstdev), the
+clipped surrogate against hand computations, and the KL against torch.distributions."""
+
+import math
+import statistics
+import time
+
+import pytest
+import torch
+from torch.distributions import Normal, kl_divergence
+
+from grpo import flow_grpo_advantages, grpo_loss, per_timestep_advantages, zero_std_fraction
+from turning_points import step_rewards
+
+T = torch.tensor
+
+
+def random_batch(seed, n_groups=16, G=8, W=5, levels=None, dtype=torch.float32):
+    """Rows of n_groups groups in random order with arbitrary ids; levels: quantize to that many values."""
+    gen = torch.Generator().manual_seed(seed)
+    R = torch.rand(n_groups * G, W + 1, generator=gen, dtype=dtype)  # (N, W+1)
+    if levels:
+        R = (R * levels).floor() / levels
+    ids = torch.randint(-1000, 1000, (n_groups,), generator=gen).unique()  # (<= n_groups,)
+    group = ids[torch.randint(0, ids.numel(), (n_groups * G,), generator=gen)]  # (N,) uneven group sizes
+    return R, group
+
+
+def oracle_advantages(x, group, clip=5.0):
+    """Plain Python: each (group, column) normalized with statistics' population std."""
+    x, group = x.tolist(), group.tolist()
+    out = [[0.0] * len(x[0]) for _ in x]
+    for g in set(group):
+        rows = [i for i, h in enumerate(group) if h == g]
+        for k in range(len(x[0])):
+            col = [x[i][k] for i in rows]
+            mu, sd = statistics.fmean(col), statistics.pstdev(col)
+            for i in rows:
+                a = 0.0 if len(set(col)) == 1 else (x[i][k] - mu) / (sd + 1e-4)
+                out[i][k] = max(-clip, min(clip, a))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------------------ advantages
+
+
+@pytest.mark.parametrize("seed,levels", [(s, lv) for s in range(4) for lv in (None, 3)])
+def test_per_timestep_advantages_match_oracle(seed, levels):
+    R, group = random_batch(seed, levels=levels)
+    for algo in ("tp-grpo", "incremental", "flow-grpo"):
+        rewards, _ = step_rewards(R, group, algo=algo)
+        adv = per_timestep_advantages(rewards, group)
+        assert adv.dtype == torch.float32 and adv.shape == rewards.shape
+        torch.testing.assert_close(adv.double(), oracle_advantages(rewards, group), atol=2e-5, rtol=1e-5)
+
+
+def test_group_mean_zero_and_unit_std_at_each_step():
+    R, group = random_batch(11, dtype=torch.float64)
+    rewards, _ = step_rewards(R, group)
+    adv = per_timestep_advantages(rewards, group)
+    assert adv.dtype == torch.float64  # float64 in, float64 out
+    for g in group.unique():
+        a, r = adv[group == g], rewards[group == g]
+        torch.testing.assert_close(a.mean(0), torch.zeros_like(a[0]), atol=1e-12, rtol=0)
+        std = r.std(0, unbiased=False)
+        torch.testing.assert_close(a.std(0, unbiased=False), std / (std + 1e-4), atol=1e-12, rtol=0)
+
+
+def test_constant_group_gets_exactly_zero():
+    # Group 3: all members equal at every step (in float32, (0.9 + 0.9 + 0.9) / 3 != 0.9, so the naive
+    # formula would give ~6e-4 instead of 0); group 8: equal at step 1 only.
+    rewards = T([[0.9, 0.9], [0.9, 0.9], [0.9, 0.9], [0.3, 0.7], [0.3, 0.2], [0.3, 0.9]])
+    group = T([3, 3, 3, 8, 8, 8])
+    adv = per_timestep_advantages(rewards, group)
+    assert torch.isfinite(adv).all()
+    assert (adv[:3] == 0).all() and (adv[3:, 0] == 0).all()
+    assert (adv[3:, 1] != 0).all()
+    assert zero_std_fraction(rewards, group).item() == 0.75  # 3 of the 4 (group, step) cells are constant
+    assert zero_std_fraction(rewards[:, 1], group).item() == 0.5
+    # The paper's group size: 24 equal rewards of 0.1 (float32 sum / 24 misses 0.1 by an ulp).
+    assert (per_timestep_advantages(torch.full((24, 9), 0.1), torch.zeros(24, dtype=torch.long)) == 0).all()
+
+
+def test_single_member_group_gets_zero():
+    adv = per_timestep_advantages(T([[1.0, 2.0], [0.0, 5.0], [3.0, 3.0]]), T([0, 1, 1]))
+    assert adv[0].tolist() == [0.0, 0.0] and (adv[1:, 0].abs() > 0.99).all()
+
+
+def test_clipping_at_5():
+    # One success among 50: z = (1 - 0.02) / sqrt(0.02 * 0.98) = 7.0 -> clipped to 5; the others are -0.143.
+    rewards = torch.zeros(50, 2)
+    rewards[0] = 1.0
+    adv = per_timestep_advantages(rewards, torch.zeros(50, dtype=torch.long))
+    assert (adv[0] == 5.0).all()
+    torch.testing.assert_close(adv[1:], torch.full((49, 2), -0.02 / (0.14 + 1e-4)), atol=1e-5, rtol=0)
+    assert (per_timestep_advantages(-rewards, torch.zeros(50, dtype=torch.long))[0] == -5.0).all()
+    assert per_timestep_advantages(rewards, torch.zeros(50, dtype=torch.long), clip=10.0)[0, 0] > 6.9
+
+
+def test_flow_grpo_advantages_are_the_group_normalized_outcome_on_every_step():
+    R, group = random_batch(5, levels=4)
+    W = R.shape[1] - 1
+    adv = flow_grpo_advantages(R[:, -1], group, W)
+    assert adv.shape == (R.shape[0], W)
+    expected = oracle_advantages(R[:, -1:], group).expand(-1, W)
+    torch.testing.assert_close(adv.double(), expected, atol=2e-5, rtol=1e-5)
+    # ... which is what per-timestep normalization of the flow-grpo step rewards gives.
+    rewards, _ = step_rewards(R, group, algo="flow-grpo")
+    assert torch.equal(per_timestep_advantages(rewards, group), adv)
+
+
+def test_advantage_errors():
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        per_timestep_advantages(torch.zeros(3, 2), T([0, 1]))
+    with pytest.raises(ValueError, match="clip must be > 0"):
+        per_timestep_advantages(torch.zeros(3, 2), T([0, 1, 1]), clip=0)
+    with pytest.raises(ValueError, match="float"):
+        per_timestep_advantages(torch.zeros(3, 2, dtype=torch.long), T([0, 1, 1]))
+    with pytest.raises(ValueError, match="NaN"):
+        per_timestep_advantages(T([[float("nan")]]), T([0]))
+
+
+def test_step_rewards_plus_advantages_are_fast_at_paper_scale():
+    # SPEC 7: 48 prompts x G = 24, W = 9. Generous bound: the real cost is about a millisecond.
+    R, group = random_batch(0, n_groups=48, G=24, W=9, levels=8)
+    per_timestep_advantages(step_rewards(R, group)[0], group)  # warm-up
+    start = time.perf_counter()
+    for algo in ("tp-grpo", "flow-grpo"):
+        rewards, mask = step_rewards(R, group, algo=algo)
+        per_timestep_advantages(rewards, group)
+    assert time.perf_counter() - start < 1.0
+
+
+# ------------------------------------------------------------------------------------------------ loss
+
+
+def loss_inputs(n=4, shape=(2, 3, 3), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    mean = torch.randn(n, *shape, generator=gen)  # (n, C, H, W)
+    ref = mean + 0.1 * torch.randn(n, *shape, generator=gen)  # (n, C, H, W)
+    return mean, ref
+
+
+def test_loss_matches_hand_computation():
+    # clip eps = 0.2; ratios e^0.1 (inside), e^-0.3 (below), 1, e^0.4 (above, both advantage signs).
+    dlogp = [0.1, -0.3, 0.0, 0.4, 0.4]
+    adv = [1.0, 1.0, -2.0, 1.0, -1.0]
+    logp_old = T([-1.0, -2.0, 0.5, 0.0, 3.0])
+    logp = logp_old + T(dlogp)
+    n = len(dlogp)
+    mean = torch.zeros(n, 1, 1, 2)
+    mean[:, 0, 0, 0] = T([0.1, 0.2, 0.0, -0.3, 0.5])
+    ref = torch.zeros(n, 1, 1, 2)
+    std_kl = T([0.5, 1.0, 2.0, 0.25, 0.0])
+    loss, stats = grpo_loss(logp, logp_old, T(adv), mean, ref, std_kl, clip_range=0.2, beta=0.1)
+
+    rho = [math.exp(x) for x in dlogp]
+    per = [max(-a * r, -a * min(max(r, 0.8), 1.2)) for a, r in zip(adv, rho)]
+    # = [-e^0.1, -e^-0.3, 2, -1.2, e^0.4]
+    assert per[1] == -math.exp(-0.3) and per[3] == -1.2 and per[4] == math.exp(0.4)
+    policy = sum(per) / n
+    # KL: mean over the 2 latent entries of diff^2, over 2 std^2; std 0 -> no KL.
+    kls = [0.1**2 / 2 / (2 * 0.25), 0.2**2 / 2 / 2, 0.0, 0.3**2 / 2 / (2 * 0.0625), 0.0]
+    kl = sum(kls) / n
+    assert loss.item() == pytest.approx(policy + 0.1 * kl, rel=1e-6)
+    assert stats["policy_loss"].item() == pytest.approx(policy, rel=1e-6)
+    assert stats["kl"].item() == pytest.approx(kl, rel=1e-6)
+    assert stats["clip_frac"].item() == pytest.approx(3 / 5)  # e^-0.3 and e^0.4 twice leave [0.8, 1.2]
+    assert stats["approx_kl"].item() == pytest.approx(0.5 * sum(x * x for x in dlogp) / n, rel=1e-6)
+    assert stats["ratio_mean"].item() == pytest.approx(sum(rho) / n, rel=1e-6)
+    assert stats["ratio_min"].item() == pytest.approx(math.exp(-0.3), rel=1e-6)
+    assert stats["ratio_max"].item() == pytest.approx(math.exp(0.4), rel=1e-6)
+    assert all(v.dim() == 0 and not v.requires_grad and v.dtype == torch.float32 for v in stats.values())
+
+
+def test_gradient_is_zero_where_clipped_on_the_side_of_the_advantage():
+    eps = 1e-5  # SPEC 7
+    # rows: A > 0 above 1+eps (clipped), A < 0 below 1-eps (clipped), A > 0 below (free), A < 0 above (free)
+    adv = T([1.0, -1.0, 2.0, -3.0])
+    logp_old = torch.zeros(4)
+    logp = T([0.01, -0.01, -0.01, 0.01], requires_grad=True)
+    mean, _ = loss_inputs()
+    loss, stats = grpo_loss(logp, logp_old, adv, mean, None, torch.ones(4), eps, 0.0)
+    loss.backward()
+    assert logp.grad[:2].tolist() == [0.0, 0.0]
+    rho = torch.exp(logp.detach())
+    torch.testing.assert_close(logp.grad[2:], (-adv * rho / 4)[2:])  # d(-A rho)/dlogp = -A rho, mean over 4
+    assert stats["clip_frac"].item() == 1.0
+
+
+def test_ratio_one_and_zero_advantage_give_zero_policy_loss():
+    logp = torch.randn(6, generator=torch.Generator().manual_seed(2))
+    mean, ref = loss_inputs(6)
+    loss, stats = grpo_loss(logp, logp.clone(), torch.zeros(6), mean, ref, torch.ones(6), 1e-5, 0.0)
+    assert loss.item() == 0.0 and stats["policy_loss"].item() == 0.0
+    assert stats["ratio_min"].item() == stats["ratio_max"].item() == 1.0 and stats["clip_frac"].item() == 0.0
+    assert stats["kl"].item() > 0  # KL is still reported with beta = 0 when ref_mean is given
+
+
+def test_kl_zero_when_policy_equals_reference():
+    mean, _ = loss_inputs()
+    loss, stats = grpo_loss(torch.zeros(4), torch.zeros(4), torch.ones(4), mean, mean.clone(), torch.ones(4), 1e-5, 1.0)
+    assert stats["kl"].item() == 0.0 and loss.item() == pytest.approx(-1.0)
+
+
+def test_kl_relation_to_the_exact_gaussian_kl():
+    mean, ref = loss_inputs(n=3)
+    D = mean[0].numel()
+    zeros = torch.zeros(3)
+    # "cps": std_kl = s, the exact step std -> our KL = exact KL / D
+    s = T([0.3, 0.7, 1.1])
+    _, stats = grpo_loss(zeros, zeros, zeros, mean, ref, s, 1e-5, 1.0)
+    exact = kl_divergence(Normal(mean, s.view(3, 1, 1, 1)), Normal(ref, s.view(3, 1, 1, 1))).flatten(1).sum(1)
+    assert stats["kl"].item() == pytest.approx((exact / D).mean().item(), rel=1e-5)
+    # "sde": step std = std * sqrt(-dt), std_kl = std -> our KL = exact KL * |dt| / D
+    dt = T([-0.1, -0.05, -0.2])
+    step_std = (s * (-dt).sqrt()).view(3, 1, 1, 1)
+    exact = kl_divergence(Normal(mean, step_std), Normal(ref, step_std)).flatten(1).sum(1)
+    assert stats["kl"].item() == pytest.approx((exact * -dt / D).mean().item(), rel=1e-5)
+
+
+def test_zero_kl_std_gives_no_nan_in_value_or_gradient():
+    mean, ref = loss_inputs()
+    mean.requires_grad_(True)
+    logp = torch.zeros(4, requires_grad=True)
+    std_kl = T([0.5, 0.0, 1.0, 0.0])
+    loss, stats = grpo_loss(logp, torch.zeros(4), T([1.0, -1.0, 0.5, 2.0]), mean, ref, std_kl, 1e-5, 1.0)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(mean.grad).all() and torch.isfinite(logp.grad).all()
+    assert (mean.grad[[1, 3]] == 0).all() and (mean.grad[[0, 2]] != 0).all()
+    # The std-0 samples add nothing: KL equals that of the other two, averaged over all four.
+    sq = (mean.detach() - ref).square().flatten(1).mean(1)
+    expected = (sq[0] / (2 * 0.25) + sq[2] / 2) / 4
+    assert stats["kl"].item() == pytest.approx(expected.item(), rel=1e-6)
+    # All steps deterministic: KL term is exactly 0, still no NaN.
+    mean.grad = None
+    loss, stats = grpo_loss(logp, torch.zeros(4), torch.zeros(4), mean, ref, torch.zeros(4), 1e-5, 1.0)
+    loss.backward()
+    assert stats["kl"].item() == 0.0 and (mean.grad == 0).all()
+
+
+def test_reference_is_a_constant():
+    mean, ref = loss_inputs()
+    ref.requires_grad_(True)
+    loss, _ = grpo_loss(torch.zeros(4), torch.zeros(4), torch.zeros(4), mean, ref, torch.ones(4), 1e-5, 1.0)
+    assert not loss.requires_grad  # nothing flows into the reference policy
+
+
+def test_loss_errors():
+    mean, _ = loss_inputs()
+    z = torch.zeros(4)
+    with pytest.raises(ValueError, match="needs ref_mean"):
+        grpo_loss(z, z, z, mean, None, z, 1e-5, 1e-4)
+    with pytest.raises(ValueError, match="logp_old must be a"):
+        grpo_loss(z, torch.zeros(3), z, mean, None, z, 1e-5, 0.0)
+    with pytest.raises(ValueError, match="mean must be"):
+        grpo_loss(z, z, z, mean[:3], None, z, 1e-5, 0.0)
+    with pytest.raises(ValueError, match="ref_mean must have"):
+        grpo_loss(z, z, z, mean, mean[:, :1], z, 1e-5, 0.0)
+    with pytest.raises(ValueError, match="clip_range"):
+        grpo_loss(z, z, z, mean, None, z, 0.0, 0.0)

@@ -1,0 +1,271 @@
+"""Tests for turning_points.py: SPEC 5 worked examples, properties on seeded random groups, and the
+vectorized balancing against a plain-Python per-group oracle written from SPEC 5's wording."""
+
+import pytest
+import torch
+
+from turning_points import (aggregated_rewards, balance_turning_points, detect_turning_points, global_trend,
+                            incremental_rewards, render_group, step_rewards, trend_agreement)
+
+T = torch.tensor
+EX1 = [0.50, 0.40, 0.45, 0.60, 0.70]
+EX2 = [0.0, 2.0, 1.5, 1.8, 0.1]
+EX3 = [[0.5, 0.4, 0.45, 0.6, 0.7], [0.5, 0.6, 0.65, 0.7, 0.9], [0.5, 0.6, 0.55, 0.45, 0.3]]
+EX3_REWARDS = [[-0.10, 0.05, 0.15, 0.10], [0.40, 0.05, 0.05, 0.20], [0.10, -0.30, -0.10, -0.15]]
+
+
+def close(a, b):
+    torch.testing.assert_close(a, torch.as_tensor(b, dtype=a.dtype), atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- oracle
+
+
+def sign(x):
+    return (x > 0) - (x < 0)
+
+
+def oracle(R, group, rule):
+    """Plain Python, one trajectory / one group at a time, straight from SPEC 5. Returns (tp, kept, rewards)."""
+    N, W = len(R), len(R[0]) - 1
+    tp = [[False] * W for _ in range(N)]
+    for i, r in enumerate(R):
+        delta = sign(r[W] - r[0])
+        c = [sign(r[k] - r[k - 1]) * delta for k in range(1, W + 1)]
+        for k in range(1, W + 1):
+            keeps_moving = sign(r[k] - r[k - 1]) * sign(r[W] - r[k]) > 0
+            if k == 1:  # Remark 4.2
+                tp[i][0] = keeps_moving if rule == "strict" else c[0] > 0
+            else:  # Def. 4.1, plus Def. 5.1 for strict
+                tp[i][k - 1] = c[k - 2] < 0 and c[k - 1] > 0 and (rule == "base" or keeps_moving)
+    kept = [[False] * W for _ in range(N)]
+    for g in set(group):
+        cands = [(abs(R[i][W] - R[i][k]), i, k, R[i][W] - R[i][k] > 0)
+                 for i in range(N) if group[i] == g for k in range(W) if tp[i][k] and R[i][W] != R[i][k]]
+        pos = sorted([c for c in cands if c[3]], key=lambda c: (-c[0], c[1], c[2]))
+        neg = sorted([c for c in cands if not c[3]], key=lambda c: (-c[0], c[1], c[2]))
+        if pos and neg:
+            m = min(len(pos), len(neg))
+            pos, neg = pos[:m], neg[:m]
+        for _, i, k, _ in pos + neg:
+            kept[i][k] = True
+    rewards = [[R[i][W] - R[i][k] if kept[i][k] else R[i][k + 1] - R[i][k] for k in range(W)] for i in range(N)]
+    return tp, kept, rewards
+
+
+def random_groups(seed, quantized, n_groups=40, G=8, W=6):
+    """Rows of n_groups groups in random order with arbitrary ids. quantized: 4 reward levels, float32 (exact
+    differences, many ties and sign(0)); else continuous float64."""
+    gen = torch.Generator().manual_seed(seed)
+    if quantized:
+        R = torch.randint(0, 4, (n_groups * G, W + 1), generator=gen).float() / 4  # (N, W+1)
+    else:
+        R = torch.rand(n_groups * G, W + 1, generator=gen, dtype=torch.float64)  # (N, W+1)
+    ids = torch.randint(-10**6, 10**6, (n_groups,), generator=gen)  # (n_groups,)
+    group = ids.repeat_interleave(G)[torch.randperm(n_groups * G, generator=gen)]  # (N,)
+    return R, group
+
+
+CASES = [(seed, q, rule) for seed in range(12) for q in (False, True) for rule in ("strict", "base")]
+
+
+# ------------------------------------------------------------------------------------- worked examples
+
+
+def test_worked_example_1_both_rules():
+    R = T([EX1])
+    close(global_trend(R), [0.20])
+    close(incremental_rewards(R), [[-0.10, 0.05, 0.15, 0.10]])
+    assert trend_agreement(R).tolist() == [[-1, 1, 1, 1]]
+    for rule in ("strict", "base"):
+        rewards, mask = step_rewards(R, T([0]), rule=rule)
+        assert detect_turning_points(R, rule).tolist() == [[False, True, False, False]]
+        assert mask.tolist() == [[False, True, False, False]]
+        close(aggregated_rewards(R)[0, 1], 0.30)
+        close(rewards, [[-0.10, 0.30, 0.15, 0.10]])
+
+
+def test_worked_example_2_base_credits_a_rising_step_negatively_strict_does_not():
+    R = T([EX2])
+    close(global_trend(R), [0.1])
+    close(incremental_rewards(R), [[2.0, -0.5, 0.3, -1.7]])
+    assert trend_agreement(R).tolist() == [[1, -1, 1, -1]]
+    rewards, mask = step_rewards(R, T([0]), rule="base")
+    assert mask.tolist() == [[True, False, True, False]]
+    close(rewards, [[0.1, -0.5, -1.4, -1.7]])
+    rewards, mask = step_rewards(R, T([0]), rule="strict")
+    assert not detect_turning_points(R, "strict").any() and not mask.any()
+    close(rewards, incremental_rewards(R))
+
+
+def test_worked_example_3_balancing_keeps_the_larger_positive():
+    R = T(EX3)
+    assert detect_turning_points(R, "strict").tolist() == [[False, True, False, False], [True, False, False, False],
+                                                           [False, True, False, False]]
+    rewards, mask = step_rewards(R, T([5, 5, 5]), rule="strict")
+    assert mask.tolist() == [[False, False, False, False], [True, False, False, False], [False, True, False, False]]
+    close(rewards, EX3_REWARDS)
+
+
+def test_groups_are_balanced_separately_wherever_their_rows_are():
+    # Example 3 (id 9) interleaved with example 2 (id -4) and example 1 alone (id 123456789).
+    R = T([EX3[0], EX2, EX3[1], EX1, EX3[2]])
+    group = T([9, -4, 9, 123456789, 9])
+    rewards, mask = step_rewards(R, group, rule="base")
+    close(rewards[[0, 2, 4]], step_rewards(T(EX3), T([0, 0, 0]), rule="base")[0])
+    close(rewards[1], [0.1, -0.5, -1.4, -1.7])
+    close(rewards[3], [-0.10, 0.30, 0.15, 0.10])
+    # Example 3 under "base": T1 step 2 (+0.30), T2 step 1 (+0.40), T3 step 2 (-0.30) -> T1 falls back again.
+    assert mask[[0, 2, 4]].tolist() == [[False] * 4, [True, False, False, False], [False, True, False, False]]
+
+
+# ------------------------------------------------------------------------------------------ properties
+
+
+@pytest.mark.parametrize("seed,quantized,rule", CASES)
+def test_vectorized_matches_the_python_oracle(seed, quantized, rule):
+    R, group = random_groups(seed, quantized)
+    tp, kept, rewards = oracle(R.tolist(), group.tolist(), rule)
+    assert detect_turning_points(R, rule).tolist() == tp
+    got_rewards, got_mask = step_rewards(R, group, rule=rule)
+    assert got_mask.tolist() == kept
+    assert got_rewards.dtype == R.dtype
+    assert torch.equal(got_rewards, torch.tensor(rewards, dtype=R.dtype))  # bit-exact: same float ops
+
+
+@pytest.mark.parametrize("seed,quantized,rule", CASES)
+def test_turning_point_properties(seed, quantized, rule):
+    R, group = random_groups(seed, quantized)
+    d, delta, r_agg = incremental_rewards(R), global_trend(R), aggregated_rewards(R)
+    tp = detect_turning_points(R, rule)
+    assert tp.any()
+    assert not (tp & ~detect_turning_points(R, "base")).any()  # strict is a subset of base
+    assert (torch.sign(d[tp]) == torch.sign(delta)[:, None].expand_as(d)[tp]).all()  # goes with the trend
+    assert (torch.sign(d[tp]) != 0).all()
+    if rule == "strict":
+        assert (torch.sign(r_agg[tp]) == torch.sign(d[tp])).all()
+        assert (r_agg[tp].abs() > d[tp].abs()).all()
+    rev_cumsum = d.flip(1).cumsum(1).flip(1)  # (N, W) sum_{j >= k} d_j
+    torch.testing.assert_close(r_agg, rev_cumsum, atol=1e-6, rtol=0)
+    flat = delta == 0
+    if quantized:
+        assert flat.any()  # the case is exercised
+    assert not tp[flat].any()  # Delta = 0: sign(0) never makes a turning point
+
+
+@pytest.mark.parametrize("seed,quantized,rule", CASES)
+def test_balancing_properties(seed, quantized, rule):
+    R, group = random_groups(seed, quantized)
+    r_agg, d = aggregated_rewards(R), incremental_rewards(R)
+    tp = detect_turning_points(R, rule)
+    rewards, kept = step_rewards(R, group, rule=rule)
+    assert not (kept & ~tp).any()
+    assert torch.equal(rewards, torch.where(kept, r_agg, d))
+    assert (r_agg[kept] != 0).all()
+    dropped_any = False
+    for g in group.unique():
+        rows = group == g
+        cand, keep, mag = (tp & (r_agg != 0))[rows], kept[rows], r_agg[rows].abs()
+        side = r_agg[rows] > 0
+        n_pos, n_neg = (cand & side).sum(), (cand & ~side).sum()
+        if n_pos and n_neg:
+            assert (keep & side).sum() == (keep & ~side).sum() == min(n_pos, n_neg)
+        else:
+            assert torch.equal(keep, cand)
+        for s in (side, ~side):
+            drop = cand & s & ~keep
+            dropped_any |= bool(drop.any())
+            if drop.any():
+                assert mag[keep & s].min() >= mag[drop].max()
+    assert dropped_any  # balancing actually did something in these data
+
+
+def test_ties_in_r_agg_occur_and_break_by_row_then_step():
+    R, group = random_groups(0, quantized=True)
+    r_agg = aggregated_rewards(R)
+    cand = detect_turning_points(R, "base") & (r_agg != 0)
+    assert r_agg[cand].abs().unique().numel() < cand.sum()  # equal |r_agg| among candidates: ties happen
+    # One group, two positive candidates of equal |r_agg| and one negative: the earlier row wins.
+    R = T([[0.0, 0.5, 1.0], [0.0, 0.5, 1.0], [0.0, -0.5, -1.0]])
+    _, mask = step_rewards(R, T([1, 1, 1]), rule="strict")
+    assert mask.tolist() == [[True, False], [False, False], [True, False]]
+
+
+def test_vectorized_is_row_permutation_equivariant():
+    R, group = random_groups(3, quantized=False)  # continuous: no ties, so no tie-break order involved
+    perm = torch.randperm(R.shape[0], generator=torch.Generator().manual_seed(1))
+    rewards, mask = step_rewards(R, group)
+    p_rewards, p_mask = step_rewards(R[perm], group[perm])
+    assert torch.equal(p_rewards, rewards[perm]) and torch.equal(p_mask, mask[perm])
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_flow_grpo_and_incremental(quantized):
+    R, group = random_groups(7, quantized)
+    rewards, mask = step_rewards(R, group, algo="flow-grpo")
+    assert torch.equal(rewards, R[:, -1:].expand(-1, R.shape[1] - 1)) and not mask.any()
+    rewards, mask = step_rewards(R, group, algo="incremental", rule="base")
+    assert torch.equal(rewards, R[:, 1:] - R[:, :-1]) and not mask.any()
+
+
+def test_zero_aggregated_reward_keeps_d():
+    # Base rule, d = [2, -1, 0.5, -0.5]: step 3 is a turning point (c_2 < 0 < c_3) but R_2 = R_sde, so
+    # r_agg_3 = 0 and it keeps d_3; step 1 (r_agg = +1) is kept.
+    R = T([[0.0, 2.0, 1.0, 1.5, 1.0]])
+    assert detect_turning_points(R, "base").tolist() == [[True, False, True, False]]
+    rewards, mask = step_rewards(R, T([0]), rule="base")
+    assert aggregated_rewards(R)[0, 2] == 0
+    assert mask.tolist() == [[True, False, False, False]]
+    close(rewards, [[1.0, -1.0, 0.5, -0.5]])
+
+
+# ------------------------------------------------------------------------------------- dtypes, errors
+
+
+def test_dtypes():
+    for dtype, out in ((torch.float32, torch.float32), (torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
+        rewards, mask = step_rewards(T(EX3, dtype=dtype), T([0, 0, 0]))
+        assert rewards.dtype == out and mask.dtype == torch.bool
+    r64, _ = step_rewards(T(EX3, dtype=torch.float64), T([0, 0, 0]))
+    assert r64[1, 0].item() == 0.9 - 0.5  # float64 is not rounded through float32
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: step_rewards(T(EX3), T([0, 0, 0]), algo="ppo"), "algo='ppo'.*'tp-grpo', 'flow-grpo', 'incremental'"),
+    (lambda: step_rewards(T(EX3), T([0, 0, 0]), rule="loose"), "rule='loose'.*'strict', 'base'"),
+    (lambda: detect_turning_points(T(EX3), rule="Strict"), "rule='Strict'"),
+    (lambda: step_rewards(T(EX3), T([0, 0])), r"shape \(3,\)"),
+    (lambda: step_rewards(T(EX3), T([0.0, 0.0, 0.0])), "integer"),
+    (lambda: step_rewards(T([1, 2, 3]), T([0])), r"\(N, W\+1\)"),
+    (lambda: step_rewards(T([[1, 2, 3]]), T([0])), "float"),
+    (lambda: step_rewards(T([[1.0, float("nan")]]), T([0])), "NaN"),
+])
+def test_bad_input_raises_one_line_error(call, match):
+    with pytest.raises(ValueError, match=match) as err:
+        call()
+    assert "\n" not in str(err.value)
+
+
+def test_balance_rejects_a_float_mask():
+    with pytest.raises(ValueError, match="bool"):
+        balance_turning_points(torch.ones(3, 4), torch.ones(3, 4), T([0, 0, 0]))
+
+
+# ------------------------------------------------------------------------------------------- rendering
+
+
+def test_render_group_marks_kept_and_dropped_turning_points():
+    R = T(EX3)
+    rewards, mask = step_rewards(R, T([0, 0, 0]))
+    text = render_group(R, rewards, mask, detected=detect_turning_points(R))
+    lines = text.splitlines()
+    assert len(lines) == 1 + 3 * 3 + 1
+    assert lines[0].split() == ["step", "0", "1", "2", "3", "4"]
+    r_lines = [line.split() for line in lines if line.split()[0] == "r"]
+    assert r_lines == [["r", "-0.10", "+0.05o", "+0.15", "+0.10"], ["r", "+0.40*", "+0.05", "+0.05", "+0.20"],
+                       ["r", "+0.10", "-0.30*", "-0.10", "-0.15"]]
+    assert lines[1].split() == ["T0", "R", "+0.50", "+0.40", "+0.45", "+0.60", "+0.70", "Delta", "+0.20"]
+    assert lines[2].split() == ["d", "-0.10", "+0.05", "+0.15", "+0.10"]
+    # Columns line up: each step's reward sits under its step number.
+    assert lines[0].index("1") + 1 == lines[6].index("+0.40*") + len("+0.40")
+    assert "o" not in "".join(render_group(R, rewards, mask).splitlines()[1:-1])

@@ -1,0 +1,208 @@
+"""Credit assignment of TP-GRPO: incremental rewards, turning points and balanced aggregated rewards.
+
+Paper (arXiv 2602.06422): Sec. 4 (step-wise incremental rewards, turning points Def. 4.1, the first step
+Remark 4.2) and Sec. 5 (the stricter turning point Def. 5.1, the aggregated long-term reward, balanced
+replacement). The exact formulas we implement are SPEC.md section 5; the names below follow it.
+
+Input: the rewards of the ODE completions of one rollout, R (N, W+1): R[:, 0] = R_0 (the state where the SDE
+window starts), R[:, k] = R_k (the state after window step k), R[:, W] = R_sde (the final image). Steps are
+1-based in the paper and in the comments; step k lives in column k-1 of every (N, W) tensor.
+
+Shape legend: B prompts, G group size, N = B*G trajectories, W window steps.
+  R (N, W+1) | group (N,) prompt-group id per row (any integers, rows of a group anywhere)
+  d, c, r_agg, rewards, masks (N, W) | Delta (N,)
+
+Run: pure tensor functions (any device, float32 or float64 kept as given); tested by
+`python -m pytest tests/test_turning_points.py`. train.py calls `step_rewards` and logs the turning-point rate
+per step from `detect_turning_points`.
+
+Why the strict rule exists: SPEC worked example 2, W = 4, R = [0, 2, 1.5, 1.8, 0.1].
+  Delta = R_sde - R_0 = 0.1 > 0: overall the window raised the reward a little.
+  d = [2, -0.5, 0.3, -1.7], so c = sign(d) * sign(Delta) = [+, -, +, -].
+  Base rule (Def. 4.1 + Remark 4.2): step 1 is a turning point (first step, c_1 > 0) and step 3 is one
+  (c_2 < 0 < c_3). Their aggregated rewards are r_agg_1 = R_sde - R_0 = 0.1 and r_agg_3 = R_sde - R_2 = -1.4.
+  One is positive and one negative, so balancing keeps both: rewards = [0.1, -0.5, -1.4, -1.7].
+  Look at step 3: it RAISED the reward (+0.3), yet it is credited -1.4, because the collapse of step 4 (-1.7)
+  is folded into its long-term reward. Step 1 gained +2 and is credited only +0.1. The aggregation flipped
+  one step's credit and shrank the other's.
+  Strict rule (Def. 5.1) also asks sign(d_k) * sign(R_sde - R_k) > 0: the reward keeps moving the way step k
+  moved it. Here R_sde - R_1 = -1.9 and R_sde - R_3 = -1.7, both against d_1 > 0 and d_3 > 0: no turning
+  point, rewards = d. In general, when d_k and R_sde - R_k share a sign, r_agg_k = d_k + (R_sde - R_k) has
+  that sign and |r_agg_k| > |d_k|: a strict turning point's credit is only ever amplified, never flipped.
+"""
+
+import torch
+
+ALGOS = ("tp-grpo", "flow-grpo", "incremental")
+RULES = ("strict", "base")
+
+
+def _check_choice(value, valid, name):
+    if value not in valid:
+        raise ValueError(f"{name}={value!r} is not valid; use one of {', '.join(map(repr, valid))}")
+
+
+def _check_rewards(R):
+    """Validate R (N, W+1); float32/float64 pass unchanged, float16/bfloat16 are upcast to float32."""
+    if not isinstance(R, torch.Tensor) or R.dim() != 2 or R.shape[1] < 2:
+        shape = tuple(R.shape) if isinstance(R, torch.Tensor) else type(R).__name__
+        raise ValueError(f"R must be a (N, W+1) tensor with W >= 1 (columns R_0..R_sde), got {shape}")
+    if not R.is_floating_point():
+        raise ValueError(f"R must be a float tensor, got {R.dtype}; convert it with R.float()")
+    if R.dtype in (torch.float16, torch.bfloat16):
+        # Reward differences of a few 1e-3 round away in half precision: work in float32.
+        R = R.float()  # (N, W+1)
+    if not bool(torch.isfinite(R).all()):
+        raise ValueError("R contains NaN or inf; check the reward function's outputs")
+    return R
+
+
+def _group_ids(group, n, device):
+    """Map arbitrary integer group ids to 0..n_groups-1. Returns (ids (N,) long, n_groups)."""
+    if (not isinstance(group, torch.Tensor) or group.shape != (n,) or group.is_floating_point()
+            or group.is_complex() or group.dtype == torch.bool):
+        shape = tuple(group.shape) if isinstance(group, torch.Tensor) else type(group).__name__
+        raise ValueError(f"group must be an integer tensor of shape ({n},) (one prompt id per row of R), got {shape}")
+    uniq, ids = torch.unique(group.to(device), return_inverse=True)  # (n_groups,), (N,)
+    return ids, uniq.numel()
+
+
+def incremental_rewards(R):
+    """d (N, W): the reward change caused by each window step."""
+    R = _check_rewards(R)
+    # SPEC 5 / paper's r_t: d_k = R_k - R_{k-1} (positive = the step raised the reward)
+    return R[:, 1:] - R[:, :-1]  # (N, W)
+
+
+def global_trend(R):
+    """Delta (N,): the reward change over the whole window."""
+    R = _check_rewards(R)
+    # Delta = R_sde - R_0
+    return R[:, -1] - R[:, 0]  # (N,)
+
+
+def trend_agreement(R):
+    """c (N, W) in {-1, 0, +1}: does step k move the reward the way the whole window does?"""
+    # c_k = sign(d_k) * sign(Delta), sign(0) = 0 (a flat step or a flat window agrees with nothing)
+    return torch.sign(incremental_rewards(R)) * torch.sign(global_trend(R))[:, None]  # (N, W)
+
+
+def aggregated_rewards(R):
+    """r_agg (N, W): the long-term reward of step k, everything that happened from step k on."""
+    R = _check_rewards(R)
+    # r_agg_k = R_sde - R_{k-1} = d_k + d_{k+1} + ... + d_W (telescoping)
+    return R[:, -1:] - R[:, :-1]  # (N, W)
+
+
+def detect_turning_points(R, rule="strict"):
+    """Turning points before balancing, (N, W) bool. Training logs their rate per step."""
+    _check_choice(rule, RULES, "rule")
+    R = _check_rewards(R)
+    d = incremental_rewards(R)  # (N, W)
+    c = trend_agreement(R)  # (N, W)
+    # Def. 4.1 (k >= 2): c_{k-1} < 0 and c_k > 0. Remark 4.2: step 1 has no predecessor; it is a turning point
+    # iff c_1 > 0, i.e. as if a step 0 had gone against the trend.
+    prev_against = torch.cat([torch.ones_like(c[:, :1], dtype=torch.bool), c[:, :-1] < 0], dim=1)  # (N, W)
+    tp = prev_against & (c > 0)  # (N, W)
+    if rule == "strict":
+        # Def. 5.1: additionally sign(d_k) * sign(R_sde - R_k) > 0. For step 1 this alone is the strict rule
+        # (it implies c_1 > 0). At k = W, R_sde - R_W = 0: the last step is never a strict turning point.
+        after = R[:, -1:] - R[:, 1:]  # (N, W) R_sde - R_k
+        tp = tp & (torch.sign(d) * torch.sign(after) > 0)  # (N, W)
+    return tp
+
+
+def balance_turning_points(turning_points, r_agg, group):
+    """Keep, per prompt group, as many positive as negative replacements: (N, W) bool of kept turning points.
+
+    Candidates are the turning points with r_agg != 0 (r_agg = 0 keeps d_k anyway). If a group has candidates
+    of both signs, each side keeps only its m = min(n_pos, n_neg) with the largest |r_agg|; ties go to the
+    earlier row, then the earlier step. A group whose candidates all share one sign keeps them all.
+    DEVIATION: the demo code balances inside each GPU's micro-batch (mixed prompts, an artifact of the batch
+    layout) and ranks by |Delta|; we balance per prompt group, the unit GRPO compares, ranking by the reward
+    actually assigned (|r_agg|).
+    """
+    if turning_points.shape != r_agg.shape or turning_points.dim() != 2 or turning_points.dtype != torch.bool:
+        raise ValueError(f"turning_points must be a bool (N, W) mask shaped like r_agg {tuple(r_agg.shape)}, "
+                         f"got {turning_points.dtype} {tuple(turning_points.shape)}")
+    ids, n_groups = _group_ids(group, r_agg.shape[0], r_agg.device)  # (N,)
+    cand = turning_points & (r_agg != 0)  # (N, W)
+    rows, cols = cand.nonzero(as_tuple=True)  # (M,), (M,) in row-major order = the tie-break order
+    value = r_agg[rows, cols]  # (M,)
+    # One segment per (group, side): 2*g for the negative side, 2*g + 1 for the positive side.
+    seg = 2 * ids[rows] + (value > 0).long()  # (M,)
+    # Sort by segment, inside a segment by |r_agg| descending; both sorts are stable, so ties keep row-major order.
+    order = torch.argsort(value.abs(), descending=True, stable=True)  # (M,)
+    order = order[torch.argsort(seg[order], stable=True)]  # (M,)
+    count = torch.bincount(seg, minlength=2 * n_groups)  # (2*n_groups,)
+    start = torch.cumsum(count, 0) - count  # (2*n_groups,) first sorted position of each segment
+    rank = torch.empty_like(order)  # (M,)
+    # rank within its segment: 0 = the largest |r_agg| of that group and side
+    rank[order] = torch.arange(order.numel(), device=order.device) - start[seg[order]]
+    n_neg, n_pos = count[0::2], count[1::2]  # (n_groups,) each
+    m = torch.minimum(n_neg, n_pos)  # (n_groups,)
+    # m = 0: one side is empty, keep every candidate of the group (the demo code does this too).
+    limit = torch.where(m > 0, m, torch.maximum(n_neg, n_pos))  # (n_groups,)
+    kept = torch.zeros_like(cand)  # (N, W)
+    kept[rows, cols] = rank < limit[ids[rows]]
+    return kept
+
+
+def step_rewards(R, group, algo="tp-grpo", rule="strict"):
+    """Per-step rewards (N, W) and the mask (N, W) bool of turning points whose reward was replaced.
+
+    algo "tp-grpo": r_k = r_agg_k at kept turning points, d_k elsewhere; "flow-grpo": r_k = R_sde on every
+    step (the baseline); "incremental": r_k = d_k (ablation, no turning points). The mask is all False for the
+    last two. `rule` ("strict" = Def. 5.1, the paper's headline variant; "base" = Def. 4.1) only matters for
+    tp-grpo.
+    """
+    _check_choice(algo, ALGOS, "algo")
+    _check_choice(rule, RULES, "rule")
+    R = _check_rewards(R)
+    _group_ids(group, R.shape[0], R.device)
+    d = incremental_rewards(R)  # (N, W)
+    none = torch.zeros_like(d, dtype=torch.bool)  # (N, W)
+    if algo == "flow-grpo":
+        # Flow-GRPO: the outcome reward copied to every window step
+        return R[:, -1:].expand_as(d).clone(), none  # (N, W)
+    if algo == "incremental":
+        return d, none
+    r_agg = aggregated_rewards(R)  # (N, W)
+    kept = balance_turning_points(detect_turning_points(R, rule), r_agg, group)  # (N, W)
+    # r_k = r_agg_k if step k is a kept turning point (and r_agg_k != 0, ensured by balancing), else d_k
+    return torch.where(kept, r_agg, d), kept  # (N, W), (N, W)
+
+
+def render_group(R, rewards, mask, detected=None, digits=2):
+    """Text table of one group for logs and the README.
+
+    R (n, W+1), rewards (n, W), mask (n, W) bool as returned by step_rewards for the group's rows;
+    detected (n, W) bool, optional: the turning points before balancing, to show the ones balancing dropped.
+    Per trajectory: R per step (column 0 = R_0), d, and the assigned reward r, with `*` at kept turning
+    points (r = r_agg) and `o` at dropped ones (r = d).
+    """
+    R = _check_rewards(R)
+    n, W = R.shape[0], R.shape[1] - 1
+    for name, x in (("rewards", rewards), ("mask", mask), ("detected", detected)):
+        if x is not None and tuple(x.shape) != (n, W):
+            raise ValueError(f"{name} must have shape ({n}, {W}) to match R {tuple(R.shape)}, got {tuple(x.shape)}")
+    d, delta = incremental_rewards(R).tolist(), global_trend(R).tolist()  # n x W, n
+    dropped = torch.zeros_like(mask) if detected is None else detected & ~mask  # (n, W)
+    marks = [["*" if m else "o" if x else " " for m, x in zip(*rows)] for rows in zip(mask.tolist(), dropped.tolist())]
+    width = max(len(f"{v:+.{digits}f}") for v in R.flatten().tolist() + rewards.flatten().tolist())
+
+    def cells(values, row_marks=None, skip_step_0=True):
+        row_marks = row_marks or [" "] * len(values)
+        text = [f"{v:+.{digits}f}".rjust(width) + m for v, m in zip(values, row_marks)]
+        return " ".join([" " * (width + 1)] * skip_step_0 + text)
+
+    label = " " * (len(f"T{n - 1}") + 1)
+    lines = [label + "step " + " ".join(str(k).rjust(width) + " " for k in range(W + 1))]
+    for i in range(n):
+        lines.append(f"T{i}".ljust(len(label)) + "R    " + cells(R[i].tolist(), skip_step_0=False)
+                     + f"  Delta {delta[i]:+.{digits}f}")
+        lines.append(label + "d    " + cells(d[i]))
+        lines.append(label + "r    " + cells(rewards[i].tolist(), marks[i]))
+    legend = "* kept turning point, r = r_agg = R_sde - R_{k-1}"
+    lines.append(legend + ("" if detected is None else "   o turning point dropped by balancing, r = d"))
+    return "\n".join(line.rstrip() for line in lines)
