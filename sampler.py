@@ -181,6 +181,12 @@ class Cond:
         pick = lambda t: None if t is None else t[index]  # noqa: E731
         return Cond(pick(self.embeds), pick(self.pooled), pick(self.neg_embeds), pick(self.neg_pooled))
 
+    @staticmethod
+    def cat(conds: list["Cond"]) -> "Cond":
+        """Rows of several Conds stacked in order."""
+        join = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
+        return Cond(*(join([getattr(c, f) for c in conds]) for f in ("embeds", "pooled", "neg_embeds", "neg_pooled")))
+
     def repeat(self, times: int) -> "Cond":
         """Each row `times` times in a row: B prompts -> B*G members, members of one prompt adjacent."""
         return self.rows(torch.arange(self.embeds.shape[0]).repeat_interleave(times))
@@ -214,7 +220,8 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
     transformer in one call, as in diffusers' pipeline.
     """
     n = x.shape[0]
-    dtype = transformer.dtype
+    # a DDP / DeepSpeed wrapper hides .dtype behind .module
+    dtype = transformer.dtype if hasattr(transformer, "dtype") else transformer.module.dtype
     if cond.neg_embeds is not None:
         hidden = torch.cat([x, x]).to(dtype)  # (2n, C, H, W)
         enc = torch.cat([cond.neg_embeds, cond.embeds])  # (2n, L, D)
@@ -314,8 +321,11 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: f
 
 
 def member_seed(seed: int, iteration: int, prompt: int, member: int) -> int:
-    """A 63-bit seed mixed from the four integers (numpy's SeedSequence: well-spread, no collisions in practice)."""
-    return int(np.random.SeedSequence([seed, iteration, prompt, member]).generate_state(1, np.uint64)[0] >> 1)
+    """A 63-bit seed mixed from the four integers (numpy's SeedSequence: well-spread, no collisions in practice).
+
+    Negative values name other random streams of the same iteration (train.py: -1 prompts, -2 shuffling)."""
+    words = [v % 2**32 for v in (seed, iteration, prompt, member)]  # SeedSequence takes non-negative words
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
 
 
 def make_generators(seeds: list[int]) -> list[torch.Generator]:
@@ -441,3 +451,22 @@ def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float,
     finished = [ode_complete(transformer, ro.states[:, k], ro.w0 + k, cond, ro.sigmas, ro.timesteps,
                              guidance_scale, counter) for k in range(ro.window)]  # W x (n, C, H, W)
     return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, H, W)
+
+
+@torch.no_grad()
+def generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float, resolution: int,
+             max_sequence_length: int = 128, batch_size: int = 16) -> torch.Tensor:
+    """Plain ODE sampling (evaluation): one image per (prompt, seed), in [0, 1], (N, 3, H', W') on the CPU.
+
+    Seeds make each image independent of batch size and process count, as in training.
+    """
+    sigmas, timesteps = sigma_grid(pipe.scheduler, steps)
+    shape = latent_shape(pipe, resolution)
+    images = []
+    for start in range(0, len(prompts), batch_size):
+        part = prompts[start:start + batch_size]
+        cond = encode_prompts(pipe, part, guidance_scale, max_sequence_length)
+        x_T = draw_noise(make_generators(seeds[start:start + batch_size]), shape, pipe.transformer.device)
+        x_0 = ode_complete(pipe.transformer, x_T, 0, cond, sigmas, timesteps, guidance_scale)  # (b, C, H, W)
+        images.append(decode(pipe, x_0).cpu())  # (b, 3, H', W')
+    return torch.cat(images)  # (N, 3, H', W')

@@ -1,0 +1,204 @@
+"""Evaluation: ODE sampling of a held-out prompt set and the paper's metrics (SPEC 8), for a base model plus a
+LoRA (or its EMA) written by train.py.
+
+Sampling is the plain Euler ODE with the preset's evaluation steps and CFG (SD3.5-M: 40 steps, w = 4.5); every
+image has a fixed seed (EVAL_SEED, image index), so two checkpoints are compared on the same noise. Metrics are the
+reward models of the task in evaluation form: raw PickScore (the paper's ~24), OCR accuracy, GenEval's strict
+correctness per tag and overall score, the toy world's partial/strict scores, plus any extra reward given.
+
+  python evaluate.py --task tiny --checkpoint runs/tiny/checkpoints/iter-000030
+  accelerate launch evaluate.py --task geneval --checkpoint runs/geneval/checkpoints/iter-001000 --ema
+  python evaluate.py --task pickscore --checkpoint none --samples 2048    # the base model
+
+Writes OUTPUT/eval.json (mean, std, standard error per metric) and OUTPUT/grid.png; prints a table.
+
+Shape legend: M evaluation images, C/H/W latent, H'/W' pixels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+
+import sampler as S
+
+EVAL_SEED = 2_000_003  # evaluation noise never coincides with a training seed's trajectories
+
+
+def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, samples: int, steps: int,
+                     guidance: float, resolution: int, max_sequence_length: int, batch: int, accelerator=None):
+    """Generate `samples` images (prompt i mod len, seed (EVAL_SEED, i)) split over processes, score them.
+
+    Returns {"summary": {metric: mean, metric_std, metric_se}, "values": {metric: (M,)}, "images": this
+    process's images (m, 3, H', W')} with identical summaries on every process.
+    """
+    P, rank = (accelerator.num_processes, accelerator.process_index) if accelerator else (1, 0)
+    per_proc = math.ceil(samples / P)
+    mine = [min(rank + P * q, samples - 1) for q in range(per_proc)]  # the last index pads uneven splits
+    prm = [prompts[i % len(prompts)] for i in mine]
+    meta = [metadata[i % len(prompts)] for i in mine]
+    seeds = [S.member_seed(EVAL_SEED, 0, i, 0) for i in mine]
+    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch)  # (m, 3, H', W')
+    values = {}
+    for start in range(0, len(mine), batch):
+        sl = slice(start, start + batch)
+        total, parts = reward_fn(images[sl], prm[sl], meta[sl])
+        for k, v in {"reward": total, **parts}.items():
+            values.setdefault(k, []).append(v.float().cpu())
+    index = torch.tensor(mine)  # (m,)
+    values = {k: torch.cat(v) for k, v in values.items()}  # {metric: (m,)}
+    if accelerator is not None and P > 1:
+        dev = accelerator.device
+        index = accelerator.gather(index.to(dev)).cpu()  # (P*m,)
+        values = {k: accelerator.gather(v.to(dev)).cpu() for k, v in values.items()}
+    keep = torch.zeros(samples, dtype=torch.long)
+    keep[index] = torch.arange(index.numel())  # one row per image index: the padding duplicates drop out
+    values = {k: v[keep] for k, v in values.items()}  # {metric: (M,)}
+    summary = {}
+    for k, v in values.items():
+        summary[k] = v.mean().item()
+        summary[f"{k}_std"] = v.std(unbiased=False).item()
+        summary[f"{k}_se"] = (v.std() / math.sqrt(v.numel())).item() if v.numel() > 1 else 0.0
+    if "geneval_correct" in values:
+        import rewards
+        tags = [metadata[i % len(prompts)].get("tag", "") for i in range(samples)]
+        summary.update(rewards.geneval_summary(values["geneval_correct"], tags))
+    return {"summary": summary, "values": values, "images": images}
+
+
+def format_summary(summary: dict) -> str:
+    """'name mean +- se' for each metric (prefixes like 'eval/' kept)."""
+    names = [k for k in summary if not k.endswith(("_std", "_se"))]
+    return "  ".join(f"{k} {summary[k]:.4f}" + (f" +- {summary[k + '_se']:.4f}" if k + "_se" in summary else "")
+                     for k in names)
+
+
+def save_grid(images: torch.Tensor, path: str, columns: int = 8) -> None:
+    """Images (M, 3, H, W) in [0, 1] -> one PNG grid (no torchvision)."""
+    from PIL import Image
+    M, _, H, W = images.shape
+    rows = math.ceil(M / columns)
+    grid = torch.ones(3, rows * (H + 2), columns * (W + 2))  # (3, rows*(H+2), columns*(W+2)) white margins
+    for i in range(M):
+        r, c = divmod(i, columns)
+        grid[:, r * (H + 2) + 1:r * (H + 2) + 1 + H, c * (W + 2) + 1:c * (W + 2) + 1 + W] = images[i].float().cpu()
+    array = (grid.permute(1, 2, 0).clamp(0, 1) * 255).round().to(torch.uint8).numpy()  # (rows*(H+2), ..., 3)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    Image.fromarray(array).save(path)
+
+
+def plot_history(history_path: str, png: str) -> None:
+    """The training reward (mean over the iteration's trajectories) against iterations, from metrics.jsonl."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    if not os.path.exists(history_path):
+        return
+    rows = [json.loads(line) for line in open(history_path)]
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
+    ax.plot([r["iteration"] for r in rows], [r["reward/mean"] for r in rows], label="train reward (R_sde)")
+    ev = [r for r in rows if "eval/reward" in r]
+    if ev:
+        ax.plot([r["iteration"] for r in ev], [r["eval/reward"] for r in ev], "o-", label="held-out reward")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+
+
+def load_checkpoint_weights(pipe, checkpoint: str, ema: bool) -> str:
+    """Put a train.py checkpoint's LoRA (or EMA LoRA, or full transformer) into the pipeline; returns the folder.
+
+    `checkpoint` is a training checkpoint (iter-NNNNNN with lora/ and lora_ema/) or a folder holding
+    pytorch_lora_weights.safetensors directly.
+    """
+    folder = checkpoint
+    sub = "lora_ema" if ema else "lora"
+    if os.path.isdir(os.path.join(checkpoint, sub)):
+        folder = os.path.join(checkpoint, sub)
+    elif ema:
+        raise ValueError(f"--ema: {checkpoint} has no lora_ema/ (was EMA off in training?); drop --ema")
+    if os.path.isdir(os.path.join(folder, "transformer")):
+        from diffusers import SD3Transformer2DModel
+        pipe.transformer = SD3Transformer2DModel.from_pretrained(os.path.join(folder, "transformer")).to(
+            pipe.transformer.device, pipe.transformer.dtype).eval()
+        return folder
+    if not os.path.isfile(os.path.join(folder, "pytorch_lora_weights.safetensors")):
+        raise ValueError(f"cannot read checkpoint '{checkpoint}': no lora/, lora_ema/, transformer/ or "
+                         f"pytorch_lora_weights.safetensors there; pass a folder written by train.py")
+    try:
+        pipe.load_lora_weights(folder)
+    except Exception as e:
+        raise ValueError(f"cannot load the LoRA in '{folder}' into {type(pipe.transformer).__name__} "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); was it trained on this --model?") from e
+    return folder
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import train
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="tiny", help=f"preset for model, prompts, steps, CFG, rewards: "
+                   f"{', '.join(train.PRESETS)}")
+    p.add_argument("--checkpoint", required=True, help="train.py checkpoint folder, a LoRA folder, or 'none'")
+    p.add_argument("--ema", action="store_true", help="evaluate the EMA weights (lora_ema/)")
+    p.add_argument("--model", help="override the preset's base model")
+    p.add_argument("--prompts", help="override the preset's evaluation prompts (.txt or GenEval .jsonl)")
+    p.add_argument("--rewards", help="override the metrics, 'name:w,...' (rewards.py)")
+    p.add_argument("--samples", type=int, help="number of images (prompts cycled)")
+    p.add_argument("--steps", type=int, help="ODE steps")
+    p.add_argument("--guidance", type=float, help="CFG scale")
+    p.add_argument("--batch", type=int, default=16, help="images per sampling/reward call")
+    p.add_argument("--output", help="folder for eval.json and grid.png (default: next to the checkpoint)")
+    args = p.parse_args(argv)
+    if args.task not in train.PRESETS:
+        p.error(f"unknown task '{args.task}'; choose one of {', '.join(train.PRESETS)}")
+    cfg = train.Config(**dict(train.PRESETS[args.task], task=args.task))
+    model = args.model or cfg.model
+    steps, guidance = args.steps or cfg.eval_steps, args.guidance if args.guidance is not None else cfg.eval_guidance
+    samples = args.samples or cfg.eval_samples
+    out = args.output or (os.path.join(args.checkpoint, "eval") if args.checkpoint != "none"
+                          else os.path.join(cfg.output_dir, "eval_base"))
+
+    from accelerate import Accelerator
+    import rewards
+    accelerator = Accelerator()
+    try:
+        prompts, metadata = train.load_prompt_set(args.prompts or cfg.eval_prompts)
+        if args.checkpoint != "none" and not os.path.isdir(args.checkpoint):
+            raise ValueError(f"checkpoint '{args.checkpoint}' is not a folder; pass one written by train.py")
+        dtype = torch.bfloat16 if accelerator.device.type == "cuda" else torch.float32
+        pipe = S.load_pipeline(model, dtype, accelerator.device)
+        if args.checkpoint != "none":
+            load_checkpoint_weights(pipe, args.checkpoint, args.ema)
+        reward_fn = rewards.load_rewards(train.parse_weights(args.rewards or cfg.rewards), accelerator.device,
+                                         batch_size=args.batch)
+    except (S.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
+    result = sample_and_score(pipe, prompts, metadata, reward_fn, samples, steps, guidance, cfg.resolution,
+                              cfg.max_sequence_length, args.batch, accelerator)
+    summary = result["summary"]
+    if accelerator.is_main_process:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "eval.json"), "w") as f:
+            json.dump({"checkpoint": args.checkpoint, "ema": args.ema, "model": model, "samples": samples,
+                       "steps": steps, "guidance": guidance, **summary}, f, indent=1)
+        save_grid(result["images"][:32], os.path.join(out, "grid.png"))
+        names = [k for k in summary if not k.endswith(("_std", "_se"))]
+        print(f"{'metric':<28} {'mean':>10} {'std':>10} {'se':>10}   ({samples} images, {steps} steps, w={guidance})")
+        for k in names:
+            std, se = summary.get(k + "_std"), summary.get(k + "_se")
+            print(f"{k:<28} {summary[k]:>10.4f} " + (f"{std:>10.4f} {se:>10.4f}" if std is not None else ""))
+        print(f"wrote {os.path.join(out, 'eval.json')} and {os.path.join(out, 'grid.png')}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,635 @@
+"""TP-GRPO (and Flow-GRPO, and the incremental-only ablation) for SD3 with LoRA: the paper's training algorithm.
+
+Implements Algorithm 1 of arXiv 2602.06422 (SPEC.md sections 3-7) as one loop, each iteration:
+
+  1. draw B prompts; each process samples its share of the B x G trajectories (the group's members are spread
+     over the processes), with stochastic steps only inside the SDE window (sampler.rollout);
+  2. TP-GRPO / incremental: ODE-complete every window state in the same batched calls (sampler, SPEC 4);
+  3. decode and score every completion: R (N, W+1), column W = R_sde; gather over processes;
+  4. per-step rewards (turning_points.step_rewards) and per-timestep advantages (grpo.py);
+  5. train on the window steps: clipped surrogate + KL to the adapter-disabled model, gradients accumulated
+     over the W steps and micro-batches, `updates_per_iter` optimizer steps per iteration;
+  6. EMA of the trainable weights, logging, evaluation, checkpoints.
+
+Run:
+  python train.py --task tiny                                # CPU, the toy world (toyworld.py), a few minutes
+  accelerate launch train.py --task pickscore                # SD3.5-M, one GPU
+  accelerate launch --config_file configs/multi_gpu.yaml train.py --task geneval
+  accelerate launch --config_file configs/deepspeed_zero2.yaml train.py --task ocr
+  python train.py --help                                     # every field, with its paper symbol
+
+Shape legend: B prompts per iteration, G group size, N = B*G trajectories (all processes), n = N / processes
+(this process), b a sampling or training micro-batch, T steps, W window steps, C/H/W latent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import grpo
+import sampler as S
+import turning_points as tp
+
+
+# ================================================================================================================
+# 0. Configuration: one frozen dataclass, one preset per task, every field a command-line flag
+# ================================================================================================================
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Config:
+    task: str = _f("tiny", "preset: pickscore | ocr | geneval (SD3.5-M, SPEC 7) | tiny (CPU toy world)")
+    model: str = _f(S.SD35_MEDIUM, "SD3 pipeline: hub id, local folder, or 'tiny' (random weights)")
+    algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
+    tp_rule: str = _f("strict", "turning-point rule: strict (Def. 5.1, 'w/ constraint') | base (Def. 4.1)")
+    rewards: str = _f("pickscore:1", "reward models with weights, 'name:w,name:w' (rewards.py)")
+    prompts: str = _f("dataset/pickscore/train.txt", "training prompts: .txt (one a line) or GenEval .jsonl")
+    eval_prompts: str = _f("dataset/pickscore/test.txt", "evaluation prompts (same formats)")
+    resolution: int = _f(512, "image side in pixels")
+    steps: int = _f(10, "T, sampling steps during training")
+    eval_steps: int = _f(40, "sampling steps at evaluation")
+    guidance: float = _f(4.5, "w, classifier-free guidance scale in training (<= 1: no CFG)")
+    eval_guidance: float = _f(4.5, "w at evaluation")
+    sampler: str = _f("cps", "stochastic step: cps (coefficients-preserving) | sde (Flow-GRPO's SDE), SPEC 2")
+    noise_level: float = _f(0.7, "a, the noise level of the stochastic step")
+    window: int = _f(9, "W, number of SDE (trained) steps")
+    window_start: int = _f(0, "w0, first SDE step; -1 draws it per iteration in [0, T - W]")
+    group_size: int = _f(24, "G, trajectories per prompt")
+    prompts_per_iter: int = _f(48, "B, prompts per iteration over all processes")
+    sample_batch: int = _f(9, "trajectories per rollout call on each process")
+    train_batch: int = _f(9, "trajectories per training micro-batch on each process")
+    updates_per_iter: int = _f(2, "optimizer steps per iteration (the samples are split this many ways)")
+    lr: float = _f(3e-4, "AdamW learning rate")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.999, "AdamW beta2")
+    weight_decay: float = _f(1e-4, "AdamW weight decay")
+    adam_eps: float = _f(1e-8, "AdamW epsilon")
+    max_grad_norm: float = _f(1.0, "gradient-norm clip")
+    clip_range: float = _f(1e-5, "epsilon, the ratio clip: clip(rho, 1 - eps, 1 + eps)")
+    beta: float = _f(1e-4, "beta, the KL weight (0 skips the reference forward pass)")
+    adv_clip: float = _f(5.0, "advantages are clipped to [-adv_clip, adv_clip]")
+    lora_rank: int = _f(32, "LoRA r (0 = full fine-tuning of the transformer)")
+    lora_alpha: int = _f(64, "LoRA alpha")
+    lora_targets: str = _f("to_q,to_k,to_v,to_out.0", "LoRA target modules (attention projections)")
+    ema_decay: float = _f(0.9, "EMA decay of the trainable weights (0 disables EMA)")
+    ema_every: int = _f(8, "EMA update every this many optimizer steps")
+    mixed_precision: str = _f("bf16", "no | bf16 | fp16 (weights of frozen parts and autocast)")
+    gradient_checkpointing: bool = _f(False, "recompute transformer activations in backward (saves memory)")
+    max_sequence_length: int = _f(128, "T5 tokens per prompt")
+    chunk_size: int = _f(0, "max images per transformer call in completions (0 = no cap)")
+    reward_batch: int = _f(32, "images per decode/reward call")
+    iterations: int = _f(2000, "training iterations")
+    eval_every: int = _f(50, "evaluate every this many iterations (0 = only before and after)")
+    eval_samples: int = _f(64, "evaluation images (prompts cycled, seeds fixed)")
+    save_every: int = _f(50, "checkpoint every this many iterations (0 = only at the end)")
+    seed: int = _f(0, "seed of prompts, noise and shuffling: (seed, iteration, prompt, member)")
+    output_dir: str = _f("runs/pickscore", "checkpoints, logs, sample grids")
+    resume: str = _f("", "checkpoint folder to continue from, or 'latest' in output_dir")
+    report_to: str = _f("tensorboard", "tensorboard | wandb | none")
+
+
+SD35M = dict(model=S.SD35_MEDIUM, resolution=512, steps=10, eval_steps=40, guidance=4.5, eval_guidance=4.5)
+PRESETS = {
+    "pickscore": dict(SD35M, rewards="pickscore:1", prompts="dataset/pickscore/train.txt",
+                      eval_prompts="dataset/pickscore/test.txt", output_dir="runs/pickscore"),
+    "ocr": dict(SD35M, rewards="ocr:1", prompts="dataset/ocr/train.txt", eval_prompts="dataset/ocr/test.txt",
+                output_dir="runs/ocr"),
+    "geneval": dict(SD35M, rewards="geneval:1", prompts="dataset/geneval/train_metadata.jsonl",
+                    eval_prompts="dataset/geneval/test_metadata.jsonl", output_dir="runs/geneval"),
+    # The toy world (toyworld.py): 32 px shapes, a programmatic colour+count reward, a ~0.6M-parameter
+    # pixel-space SD3 pretrained to get colours right and counts wrong. Sized for 2 CPU cores.
+    "tiny": dict(model="toy_model", rewards="toy:1", prompts="toy:train", eval_prompts="toy:heldout",
+                 resolution=32, steps=10, eval_steps=10, guidance=1.0, eval_guidance=1.0, window=9,
+                 group_size=12, prompts_per_iter=4, sample_batch=24, train_batch=24, lr=1e-3,
+                 lora_rank=8, lora_alpha=16, mixed_precision="no", max_sequence_length=16, reward_batch=256,
+                 iterations=30, eval_every=0, eval_samples=192, save_every=0, output_dir="runs/tiny",
+                 beta=0.0, clip_range=1e-4, ema_decay=0.0, report_to="tensorboard"),
+}
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """--task picks a preset; every other flag overrides one field of it."""
+    p = argparse.ArgumentParser(description="TP-GRPO training. " + __doc__.split("\n\n")[1],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=None,
+                           metavar="BOOL", help=f.metadata["help"])
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            p.add_argument(flag, type=kind, default=None, help=f.metadata["help"] + f" (default: {f.default})")
+    args = vars(p.parse_args(argv))
+    task = args["task"] or Config.task
+    if task not in PRESETS:
+        p.error(f"unknown task '{task}'; choose one of {', '.join(PRESETS)}")
+    values = dict(PRESETS[task], task=task)
+    values.update({k: v for k, v in args.items() if v is not None})
+    cfg = Config(**values)
+    problem = check_config(cfg)
+    if problem:
+        p.error(problem)
+    return cfg
+
+
+def check_config(cfg: Config) -> str:
+    """One line naming what is inconsistent, or '' (checked before anything is loaded or written)."""
+    if cfg.algo not in tp.ALGOS:
+        return f"unknown --algo '{cfg.algo}'; choose one of {', '.join(tp.ALGOS)}"
+    if cfg.tp_rule not in tp.RULES:
+        return f"unknown --tp-rule '{cfg.tp_rule}'; choose one of {', '.join(tp.RULES)}"
+    if cfg.sampler not in S.SAMPLERS:
+        return f"unknown --sampler '{cfg.sampler}'; choose one of {', '.join(S.SAMPLERS)}"
+    if not 1 <= cfg.window <= cfg.steps or cfg.window_start + cfg.window > cfg.steps:
+        return f"the SDE window (w0={cfg.window_start}, W={cfg.window}) must fit in T={cfg.steps} steps"
+    return ""
+
+
+def parse_weights(spec: str) -> dict[str, float]:
+    """'pickscore:1,ocr:0.5' -> {'pickscore': 1.0, 'ocr': 0.5}."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        name, _, weight = item.partition(":")
+        out[name.strip()] = float(weight or 1)
+    return out
+
+
+# ================================================================================================================
+# Helpers the loop uses: prompts, LoRA, EMA, the training state
+# ================================================================================================================
+
+
+def load_prompt_set(spec: str):
+    """(prompts, metadata) from a file, or from the toy world's caption grammar ('toy:train' / 'toy:test')."""
+    if spec.startswith("toy:"):
+        import toyworld
+        split = spec.split(":", 1)[1]
+        if split == "train":  # every (count, colour, shape) caption; new noise every iteration
+            metas = toyworld.all_metadata()
+            return [toyworld.caption(m) for m in metas], metas
+        prompts, metas, _ = toyworld.dataset(split, 0, 192)  # the held-out evaluation set
+        return prompts, metas
+    import rewards
+    return rewards.load_prompts(spec)
+
+
+def add_lora(transformer, cfg: Config):
+    """Wrap the transformer's attention projections with LoRA (peft); the base weights stay frozen."""
+    from peft import LoraConfig
+    if cfg.lora_rank == 0:
+        transformer.requires_grad_(True)  # full fine-tuning
+        return transformer
+    transformer.add_adapter(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
+                                       target_modules=cfg.lora_targets.split(",")))
+    for p in transformer.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()  # trainable weights in float32 even when the frozen base is bf16
+    return transformer
+
+
+class EMA:
+    """Exponential moving average of the trainable weights (SPEC 7: decay 0.9 every 8 optimizer steps)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], decay: float, every: int):
+        self.params, self.decay, self.every, self.steps = params, decay, every, 0
+        self.shadow = [p.detach().clone().float() for p in params]
+
+    @torch.no_grad()
+    def step(self):
+        self.steps += 1
+        if self.decay > 0 and self.steps % self.every == 0:
+            for s, p in zip(self.shadow, self.params):
+                s.lerp_(p.detach().float(), 1 - self.decay)  # s <- decay s + (1 - decay) p
+
+    @torch.no_grad()
+    def swap(self):
+        """Exchange the live weights and the averaged ones (call twice to undo)."""
+        for s, p in zip(self.shadow, self.params):
+            tmp = p.detach().clone()
+            p.copy_(s)
+            s.copy_(tmp)
+
+    def state_dict(self):
+        return {"steps": self.steps, "shadow": [s.cpu() for s in self.shadow]}
+
+    def load_state_dict(self, state):
+        self.steps = state["steps"]
+        for s, t in zip(self.shadow, state["shadow"]):
+            s.copy_(t)
+
+
+@dataclass
+class Progress:
+    """The loop's position, saved with accelerate's state so --resume continues exactly."""
+
+    iteration: int = 0
+
+    def state_dict(self):
+        return {"iteration": self.iteration}
+
+    def load_state_dict(self, state):
+        self.iteration = state["iteration"]
+
+
+@contextlib.contextmanager
+def reference_policy(transformer):
+    """The KL's reference: the same transformer with its LoRA adapter switched off (SPEC 2)."""
+    transformer.disable_adapters()
+    try:
+        yield transformer
+    finally:
+        transformer.enable_adapters()
+
+
+def lora_state_dict(transformer) -> dict[str, torch.Tensor]:
+    from peft.utils import get_peft_model_state_dict
+    return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
+
+
+def save_weights(transformer, cfg: Config, folder: str):
+    """The trained weights in diffusers' format: LoRA for `pipe.load_lora_weights(folder)`, else a transformer."""
+    from diffusers import StableDiffusion3Pipeline
+    if cfg.lora_rank == 0:
+        transformer.save_pretrained(os.path.join(folder, "transformer"))
+    else:
+        StableDiffusion3Pipeline.save_lora_weights(folder, transformer_lora_layers=lora_state_dict(transformer))
+
+
+def _trainable_only_hooks(accelerator):
+    """accelerate's save_state keeps only the trainable weights (LoRA), not gigabytes of frozen base weights."""
+    import safetensors.torch
+
+    def save_hook(models, weights, output_dir):
+        for i, model in enumerate(models):
+            keep = {name for name, p in model.named_parameters() if p.requires_grad}
+            weights[i] = {k: v for k, v in weights[i].items() if k in keep}
+
+    def load_hook(models, input_dir):
+        for i in range(len(models)):
+            model = models.pop(0)
+            name = "model.safetensors" if i == 0 else f"model_{i}.safetensors"
+            state = safetensors.torch.load_file(os.path.join(input_dir, name))
+            unexpected = model.load_state_dict(state, strict=False).unexpected_keys
+            if unexpected:
+                raise RuntimeError(f"checkpoint {input_dir} does not fit this model ({unexpected[0]} ...)")
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+def find_checkpoint(cfg: Config) -> str:
+    """The folder --resume names ('latest' = the newest complete one in output_dir/checkpoints), or exit."""
+    if cfg.resume != "latest":
+        path = cfg.resume
+    else:
+        root = os.path.join(cfg.output_dir, "checkpoints")
+        done = sorted(d for d in os.listdir(root) if d.startswith("iter-") and not d.endswith(".tmp")) \
+            if os.path.isdir(root) else []
+        if not done:
+            sys.exit(f"error: --resume latest found no checkpoint in {root}; train first or pass a folder")
+        path = os.path.join(root, done[-1])
+    if not os.path.isfile(os.path.join(path, "progress.json")):
+        sys.exit(f"error: '{path}' is not a training checkpoint (no progress.json); pass a folder "
+                 f"output_dir/checkpoints/iter-NNNNNN written by train.py")
+    return path
+
+
+def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progress, cfg: Config) -> str:
+    """The whole training state plus diffusers-format weights, written to a temp folder and renamed at the end,
+    so that an interrupted save never leaves a checkpoint that looks complete."""
+    final = os.path.join(cfg.output_dir, "checkpoints", f"iter-{progress.iteration:06d}")
+    tmp = final + ".tmp"
+    accelerator.save_state(tmp)
+    if accelerator.is_main_process:
+        model = accelerator.unwrap_model(transformer)
+        save_weights(model, cfg, os.path.join(tmp, "lora"))
+        if ema is not None:
+            ema.swap()
+            save_weights(model, cfg, os.path.join(tmp, "lora_ema"))
+            ema.swap()
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(cfg), f, indent=1)
+        with open(os.path.join(tmp, "progress.json"), "w") as f:
+            json.dump(progress.state_dict(), f)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.Tensor:
+    """B prompt indices for this iteration, the same on every process (without replacement when possible)."""
+    g = torch.Generator().manual_seed(S.member_seed(seed, iteration, -1, 0))
+    if B <= num_prompts:
+        return torch.randperm(num_prompts, generator=g)[:B]  # (B,)
+    return torch.randint(num_prompts, (B,), generator=g)  # (B,)
+
+
+def score(pipe, latents: torch.Tensor, prompts: list[str], metadata: list[dict], reward_fn, batch: int):
+    """Decode and score latents (M, C, H, W) in chunks: total (M,) and components {name: (M,)}."""
+    totals, parts = [], {}
+    for start in range(0, latents.shape[0], batch):
+        sl = slice(start, start + batch)
+        images = S.decode(pipe, latents[sl])  # (m, 3, H', W') in [0, 1]
+        total, comps = reward_fn(images, prompts[sl], metadata[sl])
+        totals.append(total.float().cpu())
+        for k, v in comps.items():
+            parts.setdefault(k, []).append(v.float().cpu())
+    return torch.cat(totals), {k: torch.cat(v) for k, v in parts.items()}  # (M,), {name: (M,)}
+
+
+def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Config):
+    """Gather every process's completion rewards, then per-step rewards and advantages for whole groups.
+
+    R_mine (n, W+1) (Flow-GRPO: (n, 1), R_sde only) holds the rewards of this process's trajectories `mine` (n,).
+    Every process computes the same (N, W) tensors from the same gathered rewards, so no broadcast is needed, and
+    a group's members may sit on any processes. Returns R_all (N, W+1 or 1), step rewards (N, W), the kept
+    turning points (N, W) and this process's advantages (n, W).
+    """
+    N, W = cfg.prompts_per_iter * cfg.group_size, cfg.window
+    device = R_mine.device
+    R_all = torch.empty(N, R_mine.shape[1], device=device)  # (N, W+1) or (N, 1)
+    # rows go back to trajectory order j, so that trajectory j is member j % G of group j // G
+    R_all[accelerator.gather(mine.to(device))] = accelerator.gather(R_mine)
+    R_all = R_all.cpu()
+    group = torch.arange(N) // cfg.group_size  # (N,) prompt group of every trajectory
+    if cfg.algo == "flow-grpo":
+        step_r = R_all[:, -1:].expand(N, W)  # (N, W) the outcome reward on every step
+        kept = torch.zeros(N, W, dtype=torch.bool)  # (N, W)
+        adv = grpo.flow_grpo_advantages(R_all[:, -1], group, W, clip=cfg.adv_clip)  # (N, W)
+    else:
+        step_r, kept = tp.step_rewards(R_all, group, cfg.algo, cfg.tp_rule)  # (N, W), (N, W)
+        adv = grpo.per_timestep_advantages(step_r, group, clip=cfg.adv_clip)  # (N, W)
+    return R_all, step_r, kept, adv[mine].to(device)  # adv (n, W)
+
+
+def params_checksum(params: list[torch.Tensor]) -> float:
+    """A cheap fingerprint of the trainable weights, to check that every process holds the same model."""
+    return float(sum((p.detach().double() * (i + 1)).sum() for i, p in enumerate(params)))
+
+
+# ================================================================================================================
+# The algorithm
+# ================================================================================================================
+
+
+def main(cfg: Config) -> dict:
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import set_seed
+
+    import evaluate
+    import rewards
+
+    # ------------------------------------------------------------------------------------------------------------
+    # 1. Set-up: processes, layout of the B x G trajectories, model + LoRA, optimizer, rewards, prompts
+    # ------------------------------------------------------------------------------------------------------------
+    P = PartialState().num_processes
+    N = cfg.prompts_per_iter * cfg.group_size  # trajectories per iteration, all processes
+    n = N // P  # this process's trajectories
+    rows_per_update = n // cfg.updates_per_iter
+    layout = (N % P, n % cfg.updates_per_iter, rows_per_update % cfg.train_batch)
+    if any(layout):
+        sys.exit(f"error: B*G = {N} trajectories must split evenly over {P} processes, then into "
+                 f"--updates-per-iter {cfg.updates_per_iter} x micro-batches of --train-batch {cfg.train_batch}; "
+                 f"change --prompts-per-iter, --group-size or --train-batch")
+    micro_per_update = rows_per_update // cfg.train_batch
+    accelerator = Accelerator(mixed_precision=cfg.mixed_precision,
+                              gradient_accumulation_steps=micro_per_update * cfg.window,
+                              log_with=None if cfg.report_to == "none" else cfg.report_to,
+                              project_dir=cfg.output_dir)
+    set_seed(cfg.seed)  # only LoRA's initial weights use the global RNG; every trajectory has its own generator
+    rank, main_proc = accelerator.process_index, accelerator.is_main_process
+    resume_from = find_checkpoint(cfg) if cfg.resume else ""
+    try:
+        train_prompts, train_meta = load_prompt_set(cfg.prompts)
+        eval_prompts, eval_meta = load_prompt_set(cfg.eval_prompts)
+        weight_dtype = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision]
+        pipe = S.load_pipeline(cfg.model, weight_dtype, accelerator.device)
+        reward_fn = rewards.load_rewards(parse_weights(cfg.rewards), accelerator.device,
+                                       batch_size=cfg.reward_batch)
+    except (S.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
+    # the KL's reference policy: LoRA switches its adapter off; full fine-tuning keeps a frozen copy
+    ref_model = copy.deepcopy(pipe.transformer) if cfg.lora_rank == 0 and cfg.beta > 0 else None
+    transformer = add_lora(pipe.transformer, cfg)
+    if cfg.gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    params = [p for p in transformer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+    ema = EMA(params, cfg.ema_decay, cfg.ema_every) if cfg.ema_decay > 0 else None
+    progress = Progress()
+    _trainable_only_hooks(accelerator)
+    transformer, optimizer = accelerator.prepare(transformer, optimizer)
+    model = accelerator.unwrap_model(transformer)  # sampling and the reference pass need no DDP sync
+    accelerator.register_for_checkpointing(progress, *([ema] if ema else []))
+    if resume_from:
+        accelerator.load_state(resume_from)
+        accelerator.print(f"resumed from {resume_from} at iteration {progress.iteration}")
+    if accelerator.is_main_process:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+    if cfg.report_to != "none":
+        accelerator.init_trackers("tp-grpo", config={k: v for k, v in dataclasses.asdict(cfg).items()})
+
+    sigmas, timesteps = S.sigma_grid(pipe.scheduler, cfg.steps)  # (T+1,), (T,)
+    shape = S.latent_shape(pipe, cfg.resolution)
+    mine = torch.arange(rank, N, P)  # (n,) this process's trajectory ids j; prompt slot j // G, member j % G
+    group = torch.arange(N) // cfg.group_size  # (N,) prompt group of every trajectory (for logging)
+    W = cfg.window
+    complete = cfg.algo != "flow-grpo"  # Flow-GRPO only needs the final image
+    history_path = os.path.join(cfg.output_dir, "metrics.jsonl")
+
+    def run_eval(tag: str) -> dict:
+        if ema is not None:
+            ema.swap()  # SPEC 7: the EMA weights are the ones evaluated
+        result = evaluate.sample_and_score(pipe, eval_prompts, eval_meta, reward_fn, cfg.eval_samples,
+                                           cfg.eval_steps, cfg.eval_guidance, cfg.resolution,
+                                           cfg.max_sequence_length, cfg.reward_batch, accelerator)
+        if ema is not None:
+            ema.swap()
+        if main_proc:
+            evaluate.save_grid(result["images"][:32], os.path.join(cfg.output_dir, f"samples_{tag}.png"))
+        return {f"eval/{k}": v for k, v in result["summary"].items()}
+
+    evals = {"before": run_eval("before")} if progress.iteration == 0 else {}
+    if main_proc and evals:
+        accelerator.print("eval before: " + evaluate.format_summary(evals["before"]))
+    if main_proc and progress.iteration == 0 and os.path.exists(history_path):
+        os.remove(history_path)
+
+    from tqdm.auto import tqdm
+    bar = tqdm(range(progress.iteration, cfg.iterations), disable=not main_proc, desc="iterations")
+    for it in bar:
+        timer = {"sample": 0.0, "reward": 0.0, "train": 0.0}
+        # --------------------------------------------------------------------------------------------------------
+        # 2. Sampling: this process's share of the B x G trajectories, stochastic only in the SDE window
+        # --------------------------------------------------------------------------------------------------------
+        start = time.perf_counter()
+        slots = draw_prompts(len(train_prompts), cfg.prompts_per_iter, cfg.seed, it)  # (B,) prompt indices
+        w0 = cfg.window_start
+        if w0 < 0:  # SPEC 3: one random window per iteration, the same for every member of every group
+            g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -3, 0))
+            w0 = int(torch.randint(cfg.steps - W + 1, (1,), generator=g))
+        my_prompts = [train_prompts[slots[j // cfg.group_size]] for j in mine.tolist()]
+        my_meta = [train_meta[slots[j // cfg.group_size]] for j in mine.tolist()]
+        batches, evals_count = [], 0
+        model.eval()
+        for b0 in range(0, n, cfg.sample_batch):
+            ids = mine[b0:b0 + cfg.sample_batch]  # (b,) trajectory ids
+            cond = S.encode_prompts(pipe, my_prompts[b0:b0 + cfg.sample_batch], cfg.guidance,
+                                    cfg.max_sequence_length)
+            gens = S.make_generators([S.member_seed(cfg.seed, it, j // cfg.group_size, j % cfg.group_size)
+                                      for j in ids.tolist()])
+            x_T = S.draw_noise(gens, shape, accelerator.device)  # (b, C, H, W)
+            ro = S.rollout(model, cond, x_T, gens, sigmas, timesteps, w0, W, cfg.noise_level, cfg.sampler,
+                           cfg.guidance, complete=complete, chunk_size=cfg.chunk_size or None)
+            evals_count += ro.counter.evals
+            batches.append((ro, cond))
+        timer["sample"] = time.perf_counter() - start
+
+        # --------------------------------------------------------------------------------------------------------
+        # 3. Rewards: R_k = R(ODE-complete(s_k)) for k = 0..W (column W = R_sde), or R_sde alone for Flow-GRPO
+        # --------------------------------------------------------------------------------------------------------
+        start = time.perf_counter()
+        R_mine, comps_final = [], {}
+        for bi, (ro, _) in enumerate(batches):
+            b0 = bi * cfg.sample_batch
+            m = ro.final.shape[0]
+            if complete:
+                lat = ro.completions.flatten(0, 1)  # (b*(W+1), C, H, W)
+                reps = W + 1
+            else:
+                lat, reps = ro.final, 1  # (b, C, H, W)
+            prm = [p for p in my_prompts[b0:b0 + m] for _ in range(reps)]
+            meta = [d for d in my_meta[b0:b0 + m] for _ in range(reps)]
+            total, comps = score(pipe, lat, prm, meta, reward_fn, cfg.reward_batch)
+            R_mine.append(total.reshape(m, reps))  # (b, W+1) or (b, 1)
+            for k, v in comps.items():
+                comps_final.setdefault(k, []).append(v.reshape(m, reps)[:, -1])
+        R_mine = torch.cat(R_mine).to(accelerator.device)  # (n, W+1) or (n, 1)
+        comps_final = {k: accelerator.gather(torch.cat(v).to(accelerator.device)).mean().item()
+                       for k, v in comps_final.items()}
+        evals_total = int(accelerator.gather(torch.tensor([evals_count], device=accelerator.device)).sum())
+        timer["reward"] = time.perf_counter() - start
+
+        # --------------------------------------------------------------------------------------------------------
+        # 4. Credit assignment: per-step rewards (Sec. 4) and per-timestep group-normalized advantages
+        # --------------------------------------------------------------------------------------------------------
+        R_all, step_r, kept, adv_mine = assign_credit(accelerator, R_mine, mine, cfg)
+
+        # --------------------------------------------------------------------------------------------------------
+        # 5. Policy update on the window steps: clipped surrogate + beta KL (SPEC 6), accumulated over W steps
+        #    and micro-batches, `updates_per_iter` optimizer steps
+        # --------------------------------------------------------------------------------------------------------
+        start = time.perf_counter()
+        model.train()
+        states = torch.cat([ro.states for ro, _ in batches])  # (n, W+1, C, H, W)
+        logp_old = torch.cat([ro.log_probs for ro, _ in batches])  # (n, W)
+        cond_all = S.Cond.cat([c for _, c in batches])  # n rows
+        g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -2, rank))
+        order = torch.randperm(n, generator=g)  # (n,) which rows go into which update
+        stats_sum, stat_count, grad_norms = {}, 0, []
+        for rows in order.split(cfg.train_batch):  # every update = micro_per_update micro-batches x W steps
+            for k in range(W):
+                i = w0 + k  # grid index of window step k+1: s_k -> s_{k+1}
+                x, x_next = states[rows, k], states[rows, k + 1]  # (b, C, H, W) each
+                c = cond_all.rows(rows.to(accelerator.device))
+                t = timesteps[i].expand(rows.numel())  # (b,)
+                with accelerator.accumulate(transformer):
+                    with accelerator.autocast():
+                        v = S.velocity(transformer, x, t, c, cfg.guidance)  # (b, C, H, W), with grad
+                    # log p_theta of the STORED next sample under the current policy (SPEC 2)
+                    out = S.sde_step(x, v, sigmas[i], sigmas[i + 1], cfg.noise_level, cfg.sampler,
+                                     next_sample=x_next)
+                    ref_mean = None
+                    if cfg.beta > 0:
+                        off = reference_policy(model) if ref_model is None else contextlib.nullcontext()
+                        with torch.no_grad(), off, accelerator.autocast():
+                            v_ref = S.velocity(ref_model or model, x, t, c, cfg.guidance)  # (b, C, H, W)
+                        ref_mean = S.sde_step(x, v_ref, sigmas[i], sigmas[i + 1], cfg.noise_level, cfg.sampler,
+                                              next_sample=x_next).mean  # (b, C, H, W)
+                    loss, stats = grpo.grpo_loss(out.log_prob, logp_old[rows, k], adv_mine[rows, k], out.mean,
+                                                 ref_mean, out.std_kl, cfg.clip_range, cfg.beta)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:
+                        grad_norms.append(float(accelerator.clip_grad_norm_(params, cfg.max_grad_norm)))
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if accelerator.sync_gradients and ema is not None:
+                        ema.step()
+                for key, val in stats.items():
+                    stats_sum[key] = stats_sum.get(key, 0.0) + float(val)
+                stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach())
+                stat_count += 1
+        timer["train"] = time.perf_counter() - start
+        progress.iteration = it + 1
+        del batches, states
+
+        # --------------------------------------------------------------------------------------------------------
+        # 6. Logging (main process), evaluation, checkpoints
+        # --------------------------------------------------------------------------------------------------------
+        r_sde = R_all[:, -1]  # (N,)
+        train_stats = {k: v / stat_count for k, v in stats_sum.items()}
+        train_stats = {k: accelerator.reduce(torch.tensor(v, device=accelerator.device), "mean").item()
+                       for k, v in train_stats.items()}
+        log = {"reward/mean": r_sde.mean().item(), "reward/std": r_sde.std(unbiased=False).item(),
+               "reward/zero_std_groups": grpo.zero_std_fraction(r_sde, group).item(),
+               "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "train/lr": cfg.lr,
+               "cost/transformer_evals": evals_total, "cost/evals_per_trajectory": evals_total / N,
+               **{f"train/{k}": v for k, v in train_stats.items()},
+               **{f"reward/{k}": v for k, v in comps_final.items()},
+               **{f"time/{k}_s": v for k, v in timer.items()}}
+        if complete:
+            d = tp.incremental_rewards(R_all)  # (N, W)
+            detected = tp.detect_turning_points(R_all, cfg.tp_rule)  # (N, W) before balancing
+            log["reward/R0_mean"] = R_all[:, 0].mean().item()
+            for k in range(W):
+                log[f"steps/d_mean_{k + 1}"] = d[:, k].mean().item()
+                log[f"steps/d_abs_{k + 1}"] = d[:, k].abs().mean().item()
+                log[f"steps/tp_rate_{k + 1}"] = detected[:, k].float().mean().item()
+                log[f"steps/tp_kept_{k + 1}"] = kept[:, k].float().mean().item()
+            log["steps/tp_rate"] = detected.float().mean().item()
+            log["steps/tp_kept"] = kept.float().mean().item()
+        if cfg.eval_every and progress.iteration % cfg.eval_every == 0 and progress.iteration < cfg.iterations:
+            log.update(run_eval(f"iter{progress.iteration:06d}"))
+        if progress.iteration == cfg.iterations:
+            evals["after"] = run_eval("after")
+            log.update(evals["after"])
+        accelerator.log(log, step=progress.iteration)
+        if main_proc:
+            bar.set_postfix(reward=f"{log['reward/mean']:.3f}", loss=f"{train_stats['loss']:.3g}")
+            with open(history_path, "a") as f:
+                f.write(json.dumps({"iteration": progress.iteration, **log}) + "\n")
+        if (cfg.save_every and progress.iteration % cfg.save_every == 0) or progress.iteration == cfg.iterations:
+            save_checkpoint(accelerator, transformer, ema, progress, cfg)
+
+    # DDP keeps the processes' weights identical by construction; a fingerprint per process proves it
+    sums = accelerator.gather(torch.tensor([params_checksum(params)], device=accelerator.device)).tolist()
+    if main_proc:
+        evaluate.plot_history(history_path, os.path.join(cfg.output_dir, "reward_curve.png"))
+        for tag, summary in evals.items():
+            accelerator.print(f"eval {tag}: " + evaluate.format_summary(summary))
+        with open(os.path.join(cfg.output_dir, "process_checksums.json"), "w") as f:
+            json.dump(sums, f)
+    accelerator.end_training()
+    return {"evals": evals, "transformer": model, "checksums": sums}
+
+
+if __name__ == "__main__":
+    main(parse_config())
