@@ -126,6 +126,7 @@ PRESETS = {
 def parse_config(argv: list[str] | None = None) -> Config:
     """--task picks a preset; every other flag overrides one field of it."""
     p = argparse.ArgumentParser(description="TP-GRPO training. " + __doc__.split("\n\n")[1],
+                                usage="%(prog)s [--task TASK] [--FIELD VALUE ...]  (--help lists every field)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
@@ -268,7 +269,10 @@ def save_weights(transformer, cfg: Config, folder: str):
     if cfg.lora_rank == 0:
         transformer.save_pretrained(os.path.join(folder, "transformer"))
     else:
-        StableDiffusion3Pipeline.save_lora_weights(folder, transformer_lora_layers=lora_state_dict(transformer))
+        # the adapter metadata carries lora_alpha: without it diffusers would load the LoRA with scale 1, not alpha/r
+        StableDiffusion3Pipeline.save_lora_weights(
+            folder, transformer_lora_layers=lora_state_dict(transformer),
+            transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict())
 
 
 def _trainable_only_hooks(accelerator):
@@ -391,7 +395,7 @@ def params_checksum(params: list[torch.Tensor]) -> float:
 
 def main(cfg: Config) -> dict:
     from accelerate import Accelerator, PartialState
-    from accelerate.utils import set_seed
+    from accelerate.utils import parse_flag_from_env, set_seed
 
     import evaluate
     import rewards
@@ -399,7 +403,9 @@ def main(cfg: Config) -> dict:
     # ------------------------------------------------------------------------------------------------------------
     # 1. Set-up: processes, layout of the B x G trajectories, model + LoRA, optimizer, rewards, prompts
     # ------------------------------------------------------------------------------------------------------------
-    P = PartialState().num_processes
+    # the process count is needed before the Accelerator (its accumulation steps depend on it); a CPU launch
+    # must say cpu=True here too, or this first PartialState would fix the run to a single process
+    P = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU")).num_processes
     N = cfg.prompts_per_iter * cfg.group_size  # trajectories per iteration, all processes
     n = N // P  # this process's trajectories
     rows_per_update = n // cfg.updates_per_iter
