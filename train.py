@@ -54,13 +54,13 @@ def _f(default, help: str):
 
 @dataclass(frozen=True)
 class Config:
-    task: str = _f("tiny", "preset: pickscore | ocr | geneval (SD3.5-M, SPEC 7) | tiny (CPU toy world)")
+    task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, SPEC 7) | tiny (CPU toy world)")
     model: str = _f(S.SD35_MEDIUM, "SD3 pipeline: hub id, local folder, or 'tiny' (random weights)")
     algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
     tp_rule: str = _f("strict", "turning-point rule: strict (Def. 5.1, 'w/ constraint') | base (Def. 4.1)")
     rewards: str = _f("pickscore:1", "reward models with weights, 'name:w,name:w' (rewards.py)")
-    prompts: str = _f("dataset/pickscore/train.txt", "training prompts: .txt (one a line) or GenEval .jsonl")
-    eval_prompts: str = _f("dataset/pickscore/test.txt", "evaluation prompts (same formats)")
+    prompts: str = _f("dataset/pickscore_sfw/train.txt", "training prompts: .txt (one a line) or GenEval .jsonl")
+    eval_prompts: str = _f("dataset/pickscore_sfw/test.txt", "evaluation prompts (same formats)")
     resolution: int = _f(512, "image side in pixels")
     steps: int = _f(10, "T, sampling steps during training")
     eval_steps: int = _f(40, "sampling steps at evaluation")
@@ -106,8 +106,8 @@ class Config:
 
 SD35M = dict(model=S.SD35_MEDIUM, resolution=512, steps=10, eval_steps=40, guidance=4.5, eval_guidance=4.5)
 PRESETS = {
-    "pickscore": dict(SD35M, rewards="pickscore:1", prompts="dataset/pickscore/train.txt",
-                      eval_prompts="dataset/pickscore/test.txt", output_dir="runs/pickscore"),
+    "pickscore": dict(SD35M, rewards="pickscore:1", prompts="dataset/pickscore_sfw/train.txt",
+                      eval_prompts="dataset/pickscore_sfw/test.txt", output_dir="runs/pickscore"),
     "ocr": dict(SD35M, rewards="ocr:1", prompts="dataset/ocr/train.txt", eval_prompts="dataset/ocr/test.txt",
                 output_dir="runs/ocr"),
     "geneval": dict(SD35M, rewards="geneval:1", prompts="dataset/geneval/train_metadata.jsonl",
@@ -419,6 +419,8 @@ def main(cfg: Config) -> dict:
                               gradient_accumulation_steps=micro_per_update * cfg.window,
                               log_with=None if cfg.report_to == "none" else cfg.report_to,
                               project_dir=cfg.output_dir)
+    if accelerator.state.deepspeed_plugin is not None:  # no dataloader: DeepSpeed cannot infer the micro-batch
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.train_batch
     set_seed(cfg.seed)  # only LoRA's initial weights use the global RNG; every trajectory has its own generator
     rank, main_proc = accelerator.process_index, accelerator.is_main_process
     resume_from = find_checkpoint(cfg) if cfg.resume else ""
@@ -469,9 +471,12 @@ def main(cfg: Config) -> dict:
                                            cfg.max_sequence_length, cfg.reward_batch, accelerator)
         if ema is not None:
             ema.swap()
+        summary = {f"eval/{k}": v for k, v in result["summary"].items()}
         if main_proc:
             evaluate.save_grid(result["images"][:32], os.path.join(cfg.output_dir, f"samples_{tag}.png"))
-        return {f"eval/{k}": v for k, v in result["summary"].items()}
+            with open(os.path.join(cfg.output_dir, f"eval_{tag}.json"), "w") as f:
+                json.dump({"iteration": progress.iteration, **summary}, f, indent=1)
+        return summary
 
     evals = {"before": run_eval("before")} if progress.iteration == 0 else {}
     if main_proc and evals:
@@ -574,7 +579,8 @@ def main(cfg: Config) -> dict:
                                                  ref_mean, out.std_kl, cfg.clip_range, cfg.beta)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
-                        grad_norms.append(float(accelerator.clip_grad_norm_(params, cfg.max_grad_norm)))
+                        norm = accelerator.clip_grad_norm_(params, cfg.max_grad_norm)  # DeepSpeed may return None
+                        grad_norms.extend([] if norm is None else [float(norm)])
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                     if accelerator.sync_gradients and ema is not None:
