@@ -466,9 +466,10 @@ def main(cfg: Config) -> dict:
     def run_eval(tag: str) -> dict:
         if ema is not None:
             ema.swap()  # SPEC 7: the EMA weights are the ones evaluated
-        result = evaluate.sample_and_score(pipe, eval_prompts, eval_meta, reward_fn, cfg.eval_samples,
-                                           cfg.eval_steps, cfg.eval_guidance, cfg.resolution,
-                                           cfg.max_sequence_length, cfg.reward_batch, accelerator)
+        with accelerator.autocast():
+            result = evaluate.sample_and_score(pipe, eval_prompts, eval_meta, reward_fn, cfg.eval_samples,
+                                               cfg.eval_steps, cfg.eval_guidance, cfg.resolution,
+                                               cfg.max_sequence_length, cfg.reward_batch, accelerator)
         if ema is not None:
             ema.swap()
         summary = {f"eval/{k}": v for k, v in result["summary"].items()}
@@ -508,8 +509,9 @@ def main(cfg: Config) -> dict:
             gens = S.make_generators([S.member_seed(cfg.seed, it, j // cfg.group_size, j % cfg.group_size)
                                       for j in ids.tolist()])
             x_T = S.draw_noise(gens, shape, accelerator.device)  # (b, C, H, W)
-            ro = S.rollout(model, cond, x_T, gens, sigmas, timesteps, w0, W, cfg.noise_level, cfg.sampler,
-                           cfg.guidance, complete=complete, chunk_size=cfg.chunk_size or None)
+            with accelerator.autocast():  # bf16 base weights with float32 LoRA weights
+                ro = S.rollout(model, cond, x_T, gens, sigmas, timesteps, w0, W, cfg.noise_level, cfg.sampler,
+                               cfg.guidance, complete=complete, chunk_size=cfg.chunk_size or None)
             evals_count += ro.counter.evals
             batches.append((ro, cond))
         timer["sample"] = time.perf_counter() - start
