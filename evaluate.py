@@ -78,8 +78,8 @@ def format_summary(summary: dict) -> str:
                      for k in names)
 
 
-def save_grid(images: torch.Tensor, path: str, columns: int = 8) -> None:
-    """Images (M, 3, H, W) in [0, 1] -> one PNG grid (no torchvision)."""
+def save_grid(images: torch.Tensor, path: str, columns: int = 8):
+    """Images (M, 3, H, W) in [0, 1] -> one PNG grid (no torchvision); returns the grid (rows, cols, 3) uint8."""
     from PIL import Image
     M, _, H, W = images.shape
     rows = math.ceil(M / columns)
@@ -90,6 +90,7 @@ def save_grid(images: torch.Tensor, path: str, columns: int = 8) -> None:
     array = (grid.permute(1, 2, 0).clamp(0, 1) * 255).round().to(torch.uint8).numpy()  # (rows*(H+2), ..., 3)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     Image.fromarray(array).save(path)
+    return array
 
 
 def plot_history(history_path: str, png: str) -> None:

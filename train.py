@@ -474,7 +474,12 @@ def main(cfg: Config) -> dict:
             ema.swap()
         summary = {f"eval/{k}": v for k, v in result["summary"].items()}
         if main_proc:
-            evaluate.save_grid(result["images"][:32], os.path.join(cfg.output_dir, f"samples_{tag}.png"))
+            grid = evaluate.save_grid(result["images"][:32], os.path.join(cfg.output_dir, f"samples_{tag}.png"))
+            for tracker in accelerator.trackers:  # the image grid next to the curves
+                if tracker.name == "tensorboard":
+                    tracker.log_images({"eval/samples": grid[None]}, progress.iteration, dataformats="NHWC")
+                elif tracker.name == "wandb":
+                    tracker.log_images({"eval/samples": [grid]}, progress.iteration)
             with open(os.path.join(cfg.output_dir, f"eval_{tag}.json"), "w") as f:
                 json.dump({"iteration": progress.iteration, **summary}, f, indent=1)
         return summary

@@ -98,15 +98,21 @@ def test_two_processes_train_in_sync(tmp_path):
     assert len(sums) == 2 and sums[0] == sums[1]
     history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(history) == 2 and history[0]["cost/transformer_evals"] == 55 * 8  # both processes counted
-    # evaluate.py on that checkpoint: finite metrics and a grid
+    # evaluate.py on that checkpoint, also on two processes (5 images: one process pads its share)
     ev = str(tmp_path / "eval")
-    summary = evaluate.main(["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1",
-                             "--checkpoint", os.path.join(out, "checkpoints", "iter-000002"), "--samples", "6",
-                             "--output", ev, "--steps", "4"])
+    checkpoint = os.path.join(out, "checkpoints", "iter-000002")
+    proc = _launch_two([os.path.join(ROOT, "evaluate.py"), "--task", "tiny", "--model", "tiny", "--rewards",
+                        "jpeg_compressibility:1", "--checkpoint", checkpoint, "--samples", "5", "--output", ev,
+                        "--steps", "4"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
     written = json.load(open(os.path.join(ev, "eval.json")))
-    assert written["samples"] == 6 and summary["reward"] == written["reward"]
-    assert all(torch.isfinite(torch.tensor(v)) for k, v in written.items() if isinstance(v, float))
+    assert written["samples"] == 5 and all(torch.isfinite(torch.tensor(v)) for v in written.values()
+                                           if isinstance(v, float))
     assert os.path.getsize(os.path.join(ev, "grid.png")) > 0
+    single = evaluate.main(["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1",
+                            "--checkpoint", checkpoint, "--samples", "5", "--output", str(tmp_path / "ev1"),
+                            "--steps", "4"])
+    assert abs(single["reward"] - written["reward"]) < 1e-5  # the same 5 images, however many processes
 
 
 def test_groups_split_over_processes_get_single_process_advantages(tmp_path):
