@@ -179,3 +179,18 @@ def test_help_explains_every_field(capsys):
     for f in dataclasses.fields(train.Config):
         assert "--" + f.name.replace("_", "-") in text
     assert "W, number of SDE" in text and "epsilon, the ratio clip" in text
+
+
+def test_tiny_task_runs_from_the_shipped_toy_checkpoint(tmp_path):
+    out = str(tmp_path / "tiny")
+    result = train.main(train.parse_config(
+        ["--task", "tiny", "--iterations", "2", "--eval-samples", "16", "--prompts-per-iter", "2",
+         "--group-size", "4", "--sample-batch", "8", "--train-batch", "4", "--output-dir", out, "--report-to",
+         "none"]))
+    for tag in ("before", "after"):
+        summary = result["evals"][tag]
+        assert 0 <= summary["eval/toy_strict"] <= summary["eval/reward"] <= 1  # strict <= partial credit
+        assert os.path.getsize(os.path.join(out, f"samples_{tag}.png")) > 0
+    history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert history[-1]["cost/evals_per_trajectory"] == 55 and 0 <= history[-1]["reward/mean"] <= 1
+    assert os.path.getsize(os.path.join(out, "reward_curve.png")) > 0
