@@ -49,8 +49,10 @@ def tiny_text_stack(seed: int = 0, words: list[str] | None = None, width: int = 
     """Two tiny CLIP text encoders + a tiny T5 with in-memory character tokenizers (no files, no download).
 
     SD3 needs: T5 d_model = joint_attention_dim = width, and the two CLIP projections concatenated
-    = pooled_projection_dim = width, so each CLIP projects to width // 2. `words` adds whole-word tokens
-    (the toy world's vocabulary) on top of the character-level fallback.
+    = pooled_projection_dim = width, so each CLIP projects to width // 2. `words` adds whole-word pieces (the
+    toy world's vocabulary) on top of the character-level fallback; T5's unigram model uses them, while CLIP's BPE
+    without merges still reads letter by letter (the shipped toy checkpoint was trained with exactly this vocabulary,
+    so it stays as it is).
     """
     chars = list(string.ascii_lowercase + string.digits + string.punctuation)
     clip_vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
