@@ -155,9 +155,9 @@ def figures(args) -> None:
     images = S.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, H, W)
     R = reward_fn(images, [prompt] * len(images), [meta] * len(images))[0].reshape(G, W + 1)  # (G, W+1)
     group = torch.zeros(G, dtype=torch.long)
-    step_r, kept = tp.step_rewards(R, group, "tp-grpo", "strict")  # (G, W), (G, W)
+    step_r, kept = tp.step_rewards(R, group, "tp-grpo", args.rule)  # (G, W), (G, W)
     r_agg = tp.aggregated_rewards(R)  # (G, W)
-    print(tp.render_group(R, step_r, kept, tp.detect_turning_points(R, "strict")))
+    print(tp.render_group(R, step_r, kept, tp.detect_turning_points(R, args.rule)))
 
     os.makedirs(args.docs, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=120)
@@ -171,7 +171,7 @@ def figures(args) -> None:
                         xytext=(3, 4), textcoords="offset points")
     ax.set_xlabel("window state k  (R_0 = pure-ODE image of x_T, R_W = R_sde)")
     ax.set_ylabel("R_k = reward(ODE-complete(s_k))")
-    ax.set_title(f'"{prompt}": {G} trajectories, kept turning points in red', fontsize=9)
+    ax.set_title(f'"{prompt}": {G} trajectories, kept turning points ({args.rule} rule) in red', fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(os.path.join(args.docs, "turning_points.png"))
@@ -210,6 +210,7 @@ def main():
     fg.add_argument("--prompt", default="three red squares")
     fg.add_argument("--group", type=int, default=8)
     fg.add_argument("--seed", type=int, default=0)
+    fg.add_argument("--rule", default="strict", choices=["strict", "base"], help="turning-point rule")
     for s in (rep, fg):
         s.add_argument("--docs", default="docs", help="where the PNGs and the table go")
     args = p.parse_args()

@@ -116,23 +116,25 @@ PRESETS = {
     # pixel-space SD3 pretrained to get colours right and counts wrong. Sized for 2 CPU cores.
     "tiny": dict(model="toy_model", rewards="toy:1", prompts="toy:train", eval_prompts="toy:heldout",
                  resolution=32, steps=10, eval_steps=10, guidance=1.0, eval_guidance=1.0, window=9,
-                 group_size=12, prompts_per_iter=4, sample_batch=24, train_batch=24, lr=1e-3,
+                 group_size=8, prompts_per_iter=4, sample_batch=32, train_batch=16, lr=1e-3,
                  lora_rank=8, lora_alpha=16, mixed_precision="no", max_sequence_length=16, reward_batch=256,
-                 iterations=30, eval_every=0, eval_samples=192, save_every=0, output_dir="runs/tiny",
+                 iterations=20, eval_every=0, eval_samples=192, save_every=0, output_dir="runs/tiny",
                  beta=0.0, clip_range=1e-4, ema_decay=0.0, report_to="tensorboard"),
 }
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
     """--task picks a preset; every other flag overrides one field of it."""
-    p = argparse.ArgumentParser(description="TP-GRPO training. " + __doc__.split("\n\n")[1],
+    p = argparse.ArgumentParser(description=__doc__.split("Shape legend")[0],
                                 usage="%(prog)s [--task TASK] [--FIELD VALUE ...]  (--help lists every field)",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                epilog="Defaults shown are the SD3.5-M values (SPEC 7); --task picks a preset that "
+                                       "may change some of them (train.PRESETS).",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
             p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=None,
-                           metavar="BOOL", help=f.metadata["help"])
+                           metavar="BOOL", help=f.metadata["help"] + f" (default: {f.default})")
         else:
             kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
             p.add_argument(flag, type=kind, default=None, help=f.metadata["help"] + f" (default: {f.default})")
