@@ -41,14 +41,18 @@ def run(args) -> None:
             train.main(train.parse_config(argv))
 
 
+def _finished(out: str, algo: str) -> list[str]:
+    """The run folders of `algo` that completed (their final evaluation is written)."""
+    return [os.path.join(out, n) for n in sorted(os.listdir(out))
+            if n.rsplit("-seed", 1)[0] == algo and os.path.exists(os.path.join(out, n, "eval_after.json"))]
+
+
 def _load(out: str) -> dict[str, list[list[dict]]]:
-    """{algo: [rows of metrics.jsonl for each seed]}."""
+    """{algo: [rows of metrics.jsonl for each finished seed]}."""
     runs = {}
-    for name in sorted(os.listdir(out)):
-        path = os.path.join(out, name, "metrics.jsonl")
-        algo = name.rsplit("-seed", 1)[0]
-        if algo in ALGOS and os.path.exists(path):
-            runs.setdefault(algo, []).append([json.loads(line) for line in open(path)])
+    for algo in ALGOS:
+        for folder in _finished(out, algo):
+            runs.setdefault(algo, []).append([json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))])
     return runs
 
 
@@ -95,37 +99,37 @@ def report(args) -> str:
         plt.close(fig)
 
     target = _smooth(_curve(runs["flow-grpo"], "reward/mean"))[:, -1].mean().item()
-    lines = [f"| method | seeds | held-out score before | held-out score after | strict accuracy after | "
-             f"iterations to {target:.3f} | evaluations to {target:.3f} |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| method | seeds | held-out before | held-out after | change | strict accuracy after | "
+             f"iterations to {target:.3f} | evaluations to {target:.3f} |", "|---|---|---|---|---|---|---|---|"]
     for algo in ALGOS:
         if algo not in runs:
             continue
-        last = [rows[-1] for rows in runs[algo]]
-        first = [rows[0] for rows in runs[algo]]
+        evals = [[json.load(open(os.path.join(folder, f"eval_{tag}.json"))) for folder in _finished(args.out, algo)]
+                 for tag in ("before", "after")]
 
         def stat(rows, key):
-            v = torch.tensor([r.get(key, float("nan")) for r in rows])
-            se = v.std() / math.sqrt(len(v)) if len(v) > 1 else torch.tensor(0.0)
-            return f"{v.mean():.3f} +- {se:.3f}"
+            """mean over seeds +- its standard error over seeds (one seed: the evaluation's own SE)."""
+            v = torch.tensor([r[key] for r in rows])
+            se = v.std() / math.sqrt(len(v)) if len(v) > 1 else torch.tensor(rows[0][key + "_se"])
+            return v.mean().item(), se.item()
 
-        before = stat([json.load(open(os.path.join(args.out, f"{algo}-seed{s}", "eval_before.json")))
-                       for s in _seeds(args.out, algo)], "eval/reward")
+        (b, b_se), (a, a_se) = stat(evals[0], "eval/reward"), stat(evals[1], "eval/reward")
+        change = torch.tensor([y["eval/reward"] - x["eval/reward"] for x, y in zip(*evals)])  # (seeds,)
+        c_se = (change.std() / math.sqrt(len(change))).item() if len(change) > 1 else 0.0
+        s_mean, s_se = stat(evals[1], "eval/toy_strict")
         y = _smooth(_curve(runs[algo], "reward/mean")).mean(0)  # (iterations,)
-        evals = torch.cumsum(_curve(runs[algo], "cost/transformer_evals")[0], 0)
+        spent = torch.cumsum(_curve(runs[algo], "cost/transformer_evals")[0], 0)  # (iterations,)
         reached = (y >= target).nonzero()
         hit_it = f"{int(reached[0]) + 1}" if len(reached) else "not reached"
-        hit_ev = f"{int(evals[reached[0]]):,}" if len(reached) else "-"
-        lines.append(f"| {algo} | {len(last)} | {before} | {stat(last, 'eval/reward')} | "
-                     f"{stat(last, 'eval/toy_strict')} | {hit_it} | {hit_ev} |")
+        hit_ev = f"{int(spent[reached[0]]):,}" if len(reached) else "-"
+        lines.append(f"| {algo} | {len(change)} | {b:.3f} +- {evals[0][0]['eval/reward_se']:.3f} | "
+                     f"{a:.3f} +- {a_se:.3f} | {change.mean():+.3f} +- {c_se:.3f} | {s_mean:.3f} +- {s_se:.3f} | "
+                     f"{hit_it} | {hit_ev} |")
     table = "\n".join(lines)
     with open(os.path.join(args.docs, "compare_table.md"), "w") as f:
         f.write(table + "\n")
     print(table)
     return table
-
-
-def _seeds(out: str, algo: str) -> list[str]:
-    return sorted(n.rsplit("-seed", 1)[1] for n in os.listdir(out) if n.rsplit("-seed", 1)[0] == algo)
 
 
 def figures(args) -> None:
