@@ -274,23 +274,6 @@ def build_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
     return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=None, **text)
 
 
-@torch.no_grad()
-def generate(pipe, prompts: list[str], seeds: list[int], steps: int = 10, guidance_scale: float = 1.0,
-             batch: int = 48) -> torch.Tensor:
-    """Images (N, 3, H, W) in [0, 1] by the Euler ODE on the T-step grid, exactly as training rollouts sample
-    (sampler.py's encode_prompts / sigma_grid / make_generators / draw_noise / ode_complete / decode)."""
-    sigmas, timesteps = sampler.sigma_grid(pipe.scheduler, steps)  # (T+1,), (T,)
-    shape = sampler.latent_shape(pipe, RESOLUTION)  # (3, H, W): pixel space
-    out = []
-    for start in range(0, len(prompts), batch):
-        part = slice(start, start + batch)
-        cond = sampler.encode_prompts(pipe, prompts[part], guidance_scale, MAX_SEQUENCE_LENGTH)  # embeds (n, L, D)
-        x_T = sampler.draw_noise(sampler.make_generators(seeds[part]), shape, pipe.transformer.device)  # (n, 3, H, W)
-        x_0 = sampler.ode_complete(pipe.transformer, x_T, 0, cond, sigmas, timesteps, guidance_scale)  # (n, 3, H, W)
-        out.append(sampler.decode(pipe, x_0))
-    return torch.cat(out)  # (N, 3, H, W)
-
-
 EVAL_ITERATION = 999_999  # an iteration index no training run reaches: evaluation noise is never a rollout's noise
 
 
@@ -302,7 +285,9 @@ def evaluate(pipe, samples: int = 192, seed: int = 0, steps: int = 10, guidance_
     prompts, metas, _ = dataset("heldout", 0, samples)
     seeds = [sampler.member_seed(seed, EVAL_ITERATION, i, 0) for i in range(samples)]
     start = time.perf_counter()
-    images = generate(pipe, prompts, seeds, steps, guidance_scale)  # (N, 3, H, W)
+    # the Euler ODE on the T-step grid, exactly as training rollouts sample (sampler.py)
+    images = sampler.generate(pipe, prompts, seeds, steps, guidance_scale, RESOLUTION, MAX_SEQUENCE_LENGTH,
+                              batch_size=48)  # (N, 3, H, W)
     seconds = time.perf_counter() - start
     parts = toy_components(images, prompts, metas)
     wanted = torch.tensor([m["count"] for m in metas])  # (N,)
