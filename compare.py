@@ -113,7 +113,9 @@ def report(args) -> str:
             se = v.std() / math.sqrt(len(v)) if len(v) > 1 else torch.tensor(rows[0][key + "_se"])
             return v.mean().item(), se.item()
 
-        (b, b_se), (a, a_se) = stat(evals[0], "eval/reward"), stat(evals[1], "eval/reward")
+        # every seed starts from the same checkpoint and evaluation noise: "before" is one evaluation
+        b, b_se = evals[0][0]["eval/reward"], evals[0][0]["eval/reward_se"]
+        a, a_se = stat(evals[1], "eval/reward")
         change = torch.tensor([y["eval/reward"] - x["eval/reward"] for x, y in zip(*evals)])  # (seeds,)
         c_se = (change.std() / math.sqrt(len(change))).item() if len(change) > 1 else 0.0
         s_mean, s_se = stat(evals[1], "eval/toy_strict")
@@ -122,7 +124,7 @@ def report(args) -> str:
         reached = (y >= target).nonzero()
         hit_it = f"{int(reached[0]) + 1}" if len(reached) else "not reached"
         hit_ev = f"{int(spent[reached[0]]):,}" if len(reached) else "-"
-        lines.append(f"| {algo} | {len(change)} | {b:.3f} +- {evals[0][0]['eval/reward_se']:.3f} | "
+        lines.append(f"| {algo} | {len(change)} | {b:.3f} +- {b_se:.3f} | "
                      f"{a:.3f} +- {a_se:.3f} | {change.mean():+.3f} +- {c_se:.3f} | {s_mean:.3f} +- {s_se:.3f} | "
                      f"{hit_it} | {hit_ev} |")
     table = "\n".join(lines)

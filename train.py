@@ -29,7 +29,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import math
 import os
 import shutil
 import sys
