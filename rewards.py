@@ -592,6 +592,19 @@ def load_geneval(device, batch_size=16, model_paths=None, **_):
     return score
 
 
+def load_toy_graded(device, **_):
+    """The toy reward with a graded count term (toyworld.toy_components "graded") as the total; its parts include
+    the exact-count partial credit ("toy_partial"), the held-out score the tiny task reports."""
+    import toyworld
+
+    def score(images, prompts, metadata):
+        parts = toyworld.toy_components(images, prompts, metadata if all(metadata) else None)
+        return parts["graded"].to(device), {f"toy_{k}": parts[k].to(device)
+                                            for k in ("partial", "colour", "count", "strict")}
+
+    return score
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # One interface for all rewards.
 # ----------------------------------------------------------------------------------------------------------------
@@ -604,6 +617,7 @@ REWARD_LOADERS = {
     "jpeg_compressibility": load_jpeg_compressibility,
     "jpeg_incompressibility": load_jpeg_incompressibility,
     "toy": load_toy,
+    "toy_graded": load_toy_graded,
 }
 
 

@@ -22,8 +22,10 @@ Run:
 The reward (documented again at `toy_components`): per image, with the prompt's count k and colour c,
   colour = 1 if at least one object of colour c is found and no object of another colour, else 0,
   count  = 1 if exactly k objects of colour c are found, else 0,
-  partial = (colour + count) / 2   (training reward, GenEval-style fraction of requirements met),
-  strict  = colour * count         (evaluation accuracy: the image is fully right).
+  partial = (colour + count) / 2   (the held-out score: GenEval-style fraction of requirements met),
+  strict  = colour * count         (evaluation accuracy: the image is fully right),
+  graded  = (colour + max(0, 1 - |n_c - k| / k)) / 2   (the training reward of --task tiny, rewards.py "toy_graded":
+            a count off by one earns part of the credit, so groups that all miss the count still rank their members).
 Shape is not rewarded: the tiny model does not draw recognisable shapes (shape words still condition it).
 
 The shipped toy_model/ (the pretrain command above: 1200 steps of batch 64, seed 0, 1 thread, ~27 min on 2 shared
@@ -217,8 +219,10 @@ def toy_components(images: torch.Tensor, prompts: list[str], metadata: list[dict
       colour  = [n_c >= 1 and n_x = 0 for every x != c]   (the objects have the prompt's colour; painting every
                                                            colour at once must not pay, as in GenEval's colour check)
       count   = [n_c = k]
-      partial = (colour + count) / 2                      (training reward: fraction of the two requirements met)
+      partial = (colour + count) / 2                      (the held-out score: fraction of the two requirements met)
       strict  = colour * count                            (evaluation accuracy: everything right)
+      graded  = (colour + max(0, 1 - |n_c - k| / k)) / 2  (a denser training reward: a count off by one earns part
+                                                           of the credit, the way GenEval-style rewards grade counts)
     """
     metas = metadata if metadata is not None else [parse_caption(p) for p in prompts]
     if len(prompts) != images.shape[0] or len(metas) != images.shape[0]:
@@ -231,7 +235,9 @@ def toy_components(images: torch.Tensor, prompts: list[str], metadata: list[dict
     others = counts.sum(1) - own  # (N,) objects of any other colour
     colour = ((own >= 1) & (others == 0)).float()  # (N,)
     count = (own == wanted).float()  # (N,)
-    return {"colour": colour, "count": count, "partial": (colour + count) / 2, "strict": colour * count}
+    near = (1 - (own - wanted).abs() / wanted).clamp(min=0)  # (N,) 1 at n_c = k, falling linearly to 0 at |n_c - k| = k
+    return {"colour": colour, "count": count, "partial": (colour + count) / 2, "strict": colour * count,
+            "graded": (colour + near) / 2}
 
 
 def toy_reward(images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None) -> torch.Tensor:

@@ -106,6 +106,29 @@ def test_reward_is_low_on_mismatched_prompts_and_partial_in_between():
         assert got["partial"].tolist() == [0.5, 0.0] and got["strict"].tolist() == [0.0, 0.0]
 
 
+def test_graded_count_credit_falls_linearly_with_the_count_error():
+    # n red squares on a 3x3 grid of separated cells, scored against "four red squares" and "one red circle":
+    # graded = (colour + max(0, 1 - |n - k| / k)) / 2, by hand.
+    cells = [(y, x) for y in (2, 12, 22) for x in (2, 12, 22)]
+    images = blank(7)
+    for n in range(7):
+        for y, x in cells[:n]:
+            img = images[n:n + 1]
+            paint(img, "red", y, y + 7, x, x + 7)
+    four = tw.toy_components(images, ["four red squares"] * 7)
+    assert four["graded"].tolist() == [0.0, 0.625, 0.75, 0.875, 1.0, 0.875, 0.75]
+    assert four["partial"].tolist() == [0.0, 0.5, 0.5, 0.5, 1.0, 0.5, 0.5]
+    one = tw.toy_components(images, ["one red circle"] * 7)
+    assert one["graded"].tolist() == [0.0, 1.0] + [0.5] * 5  # two or more objects for "one": no count credit
+    # graded gives at least the exact-count credit, and equals it when the count is right
+    prompts, metas, seeds = tw.dataset("heldout", 0, 200)
+    rolled = prompts[1:] + prompts[:1]
+    parts = tw.toy_components(tw.render(metas, seeds), rolled)
+    assert (parts["graded"] >= parts["partial"]).all()
+    exact = parts["count"] == 1
+    assert exact.any() and torch.equal(parts["graded"][exact], parts["partial"][exact])
+
+
 def test_touching_objects_of_one_colour_are_one_object():
     side_by_side = blank()
     paint(side_by_side, "red", 5, 15, 5, 15)
@@ -155,6 +178,10 @@ def test_reward_api_for_rewards_py():
     assert r.shape == (8,) and r.dtype == torch.float32 and r.tolist() == [0.0] * 4 + [1.0] * 4
     assert torch.equal(score(images, prompts), r)  # metadata parsed from the prompts when absent
     assert tw.load_toy_reward("cpu", strict=True)(images, prompts).tolist() == [0.0] * 4 + [1.0] * 4
+    import rewards
+    graded_total, graded_parts = rewards.load_rewards({"toy_graded": 1.0})(images, prompts, metas)
+    assert torch.equal(graded_total, tw.toy_components(images, prompts, metas)["graded"])
+    assert torch.equal(graded_parts["toy_partial"], r)  # the exact-count held-out score rides along
     with pytest.raises(ValueError, match="unknown option"):
         tw.load_toy_reward("cpu", threshold=0.5)
     with pytest.raises(ValueError, match="one prompt"):
