@@ -294,17 +294,26 @@ def load_jpeg_incompressibility(device, **_):
     return lambda images, prompts, metadata: jpeg_size_kb(images).to(device)  # (N,)
 
 
-def load_toy(device, **_):
-    """The toy world's programmatic reward (toyworld.py, `train.py --task tiny`): partial credit for training,
-    plus its colour, count and strict (fully right) components for evaluation."""
-    import toyworld
+def _toy_loader(total: str, parts: tuple[str, ...]):
+    """A loader for the toy world's programmatic reward (toyworld.py, `train.py --task tiny`): `total` is the
+    toyworld.toy_components entry trained on, `parts` the components logged next to it as toy_<name>."""
+    def load(device, **_):
+        import toyworld
 
-    def score(images, prompts, metadata):
-        # a prompts file gives empty metadata: then the captions are parsed
-        parts = toyworld.toy_components(images, prompts, metadata if all(metadata) else None)
-        return parts["partial"].to(device), {f"toy_{k}": parts[k].to(device) for k in ("colour", "count", "strict")}
+        def score(images, prompts, metadata):
+            # a prompts file gives empty metadata: then the captions are parsed
+            comps = toyworld.toy_components(images, prompts, metadata if all(metadata) else None)
+            return comps[total].to(device), {f"toy_{k}": comps[k].to(device) for k in parts}
 
-    return score
+        return score
+
+    return load
+
+
+# "toy": exact-count partial credit, the tiny task's reward; "toy_graded": the graded count term, with the
+# exact-count partial credit ("toy_partial", the held-out score) logged beside it
+load_toy = _toy_loader("partial", ("colour", "count", "strict"))
+load_toy_graded = _toy_loader("graded", ("partial", "colour", "count", "strict"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -588,19 +597,6 @@ def load_geneval(device, batch_size=16, model_paths=None, **_):
                 partial.append(credit)
         as_tensor = functools.partial(torch.tensor, dtype=torch.float32, device=device)
         return as_tensor(partial), {"geneval_correct": as_tensor(correct)}  # (N,), (N,)
-
-    return score
-
-
-def load_toy_graded(device, **_):
-    """The toy reward with a graded count term (toyworld.toy_components "graded") as the total; its parts include
-    the exact-count partial credit ("toy_partial"), the held-out score the tiny task reports."""
-    import toyworld
-
-    def score(images, prompts, metadata):
-        parts = toyworld.toy_components(images, prompts, metadata if all(metadata) else None)
-        return parts["graded"].to(device), {f"toy_{k}": parts[k].to(device)
-                                            for k in ("partial", "colour", "count", "strict")}
 
     return score
 

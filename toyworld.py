@@ -24,8 +24,9 @@ The reward (documented again at `toy_components`): per image, with the prompt's 
   count  = 1 if exactly k objects of colour c are found, else 0,
   partial = (colour + count) / 2   (the held-out score: GenEval-style fraction of requirements met),
   strict  = colour * count         (evaluation accuracy: the image is fully right),
-  graded  = (colour + max(0, 1 - |n_c - k| / k)) / 2   (the training reward of --task tiny, rewards.py "toy_graded":
-            a count off by one earns part of the credit, so groups that all miss the count still rank their members).
+  graded  = (colour + max(0, 1 - |n_c - k| / k)) / 2   (an optional denser training reward, rewards.py "toy_graded",
+            `--rewards toy_graded:1`: a count off by one earns part of the credit, so groups that all miss the count
+            still rank their members).
 Shape is not rewarded: the tiny model does not draw recognisable shapes (shape words still condition it).
 
 The shipped toy_model/ (the pretrain command above: 1200 steps of batch 64, seed 0, 1 thread, ~27 min on 2 shared
