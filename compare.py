@@ -8,8 +8,9 @@ and the pictures of turning points the README shows next to the method.
 `run` trains each (algorithm, seed) with the tiny preset's defaults, changing nothing but --algo and --seed, so no
 method gets settings of its own. `report` reads every run's metrics.jsonl: the training reward (mean R_sde of the
 iteration's trajectories) against iterations and against transformer evaluations (mean +- std over seeds), and
-a table with the final held-out score and strict accuracy (standard errors over seeds), and the iterations and
-evaluations each method needs to reach Flow-GRPO's final training reward.
+a table with the final held-out score and strict accuracy (standard errors over seeds), the change's paired
+standard error over the evaluation images, the change in units of the larger of the two SEs, and the iterations
+and evaluations each method needs to reach Flow-GRPO's final training reward.
 
 Shape legend (figures): G group members, W window steps, R (G, W+1) completion rewards, C/H/W pixels.
 """
@@ -99,8 +100,9 @@ def report(args) -> str:
         plt.close(fig)
 
     target = _smooth(_curve(runs["flow-grpo"], "reward/mean"))[:, -1].mean().item()
-    lines = [f"| method | seeds | held-out before | held-out after | change | strict accuracy after | "
-             f"iterations to {target:.3f} | evaluations to {target:.3f} |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| method | seeds | held-out before | held-out after | change (SE over seeds) | SE over images | "
+             f"change / SE | strict accuracy after | "
+             f"iterations to {target:.3f} | evaluations to {target:.3f} |", "|---|---|---|---|---|---|---|---|---|---|"]
     for algo in ALGOS:
         if algo not in runs:
             continue
@@ -120,6 +122,17 @@ def report(args) -> str:
         a, a_se = stat(evals[1], key)
         change = torch.tensor([y[key] - x[key] for x, y in zip(*evals)])  # (seeds,)
         c_se = (change.std() / math.sqrt(len(change))).item() if len(change) > 1 else 0.0
+        # Paired over images: all runs score the same images, so the seed-averaged change is also known image by
+        # image; its SE over the M images says how far another draw of evaluation images could move it (the SE
+        # over seeds only sees training randomness). "-" for runs written before per-image values were saved.
+        name = key.removeprefix("eval/")
+        if all("per_image" in e for e in evals[0] + evals[1]):
+            after = torch.tensor([e["per_image"][name] for e in evals[1]])  # (seeds, M)
+            d = (after - torch.tensor(evals[0][0]["per_image"][name])).mean(0)  # (M,)
+            i_se = (d.std() / math.sqrt(d.numel())).item()
+            paired = f"{i_se:.3f} | {change.mean().item() / max(i_se, c_se, 1e-12):+.1f}"
+        else:
+            paired = "- | -"
         s_mean, s_se = stat(evals[1], "eval/toy_strict")
         y = _smooth(_curve(runs[algo], "reward/mean")).mean(0)  # (iterations,)
         spent = torch.cumsum(_curve(runs[algo], "cost/transformer_evals")[0], 0)  # (iterations,)
@@ -127,7 +140,7 @@ def report(args) -> str:
         hit_it = f"{int(reached[0]) + 1}" if len(reached) else "not reached"
         hit_ev = f"{int(spent[reached[0]]):,}" if len(reached) else "-"
         lines.append(f"| {algo} | {len(change)} | {b:.3f} +- {b_se:.3f} | "
-                     f"{a:.3f} +- {a_se:.3f} | {change.mean():+.3f} +- {c_se:.3f} | {s_mean:.3f} +- {s_se:.3f} | "
+                     f"{a:.3f} +- {a_se:.3f} | {change.mean():+.3f} +- {c_se:.3f} | {paired} | {s_mean:.3f} +- {s_se:.3f} | "
                      f"{hit_it} | {hit_ev} |")
     table = "\n".join(lines)
     with open(os.path.join(args.docs, "compare_table.md"), "w") as f:

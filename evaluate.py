@@ -10,7 +10,8 @@ correctness per tag and overall score, the toy world's partial/strict scores, pl
   accelerate launch evaluate.py --task geneval --checkpoint runs/geneval/checkpoints/iter-001000 --ema
   python evaluate.py --task pickscore --checkpoint none --samples 2048    # the base model
 
-Writes OUTPUT/eval.json (mean, std, standard error per metric) and OUTPUT/grid.png; prints a table.
+Writes OUTPUT/eval.json (mean, std, standard error per metric, and every image's values) and OUTPUT/grid.png;
+prints a table.
 
 Shape legend: M evaluation images, C/H/W latent, H'/W' pixels.
 """
@@ -190,7 +191,9 @@ def main(argv: list[str] | None = None) -> dict:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "eval.json"), "w") as f:
             json.dump({"checkpoint": args.checkpoint, "ema": args.ema, "model": model, "samples": samples,
-                       "steps": steps, "guidance": guidance, **summary}, f, indent=1)
+                       "steps": steps, "guidance": guidance, **summary,
+                       "per_image": {k: [round(x, 6) for x in v.tolist()] for k, v in result["values"].items()}},
+                      f, indent=1)
         save_grid(result["images"][:32], os.path.join(out, "grid.png"))
         names = [k for k in summary if not k.endswith(("_std", "_se"))]
         print(f"{'metric':<28} {'mean':>10} {'std':>10} {'se':>10}   ({samples} images, {steps} steps, w={guidance})")

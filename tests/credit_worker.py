@@ -23,3 +23,5 @@ for algo in ("tp-grpo", "flow-grpo", "incremental"):
     _, _, _, adv = train.assign_credit(accelerator, R_mine, mine, cfg)
     result[algo] = adv.cpu()
 torch.save(result, os.path.join(out, f"rank{accelerator.process_index}.pt"))
+accelerator.wait_for_everyone()
+accelerator.end_training()  # a gloo group left to interpreter exit can abort

@@ -108,6 +108,7 @@ def test_two_processes_train_in_sync(tmp_path):
     written = json.load(open(os.path.join(ev, "eval.json")))
     assert written["samples"] == 5 and all(torch.isfinite(torch.tensor(v)) for v in written.values()
                                            if isinstance(v, float))
+    assert len(written["per_image"]["reward"]) == 5  # the padded duplicate dropped out
     assert os.path.getsize(os.path.join(ev, "grid.png")) > 0
     single = evaluate.main(["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1",
                             "--checkpoint", checkpoint, "--samples", "5", "--output", str(tmp_path / "ev1"),
@@ -191,6 +192,9 @@ def test_tiny_task_runs_from_the_shipped_toy_checkpoint(tmp_path):
         summary = result["evals"][tag]
         assert 0 <= summary["eval/toy_strict"] <= summary["eval/reward"] <= 1  # strict <= partial credit
         assert os.path.getsize(os.path.join(out, f"samples_{tag}.png")) > 0
+        written = json.load(open(os.path.join(out, f"eval_{tag}.json")))  # per image, for paired comparisons
+        per_image = written["per_image"]["toy_strict"]
+        assert len(per_image) == 16 and abs(sum(per_image) / 16 - summary["eval/toy_strict"]) < 1e-6
     history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert history[-1]["cost/evals_per_trajectory"] == 55 and 0 <= history[-1]["reward/mean"] <= 1
     assert os.path.getsize(os.path.join(out, "reward_curve.png")) > 0
