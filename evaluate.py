@@ -72,6 +72,12 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     return {"summary": summary, "values": values, "images": images}
 
 
+def per_image(values: dict) -> dict:
+    """{metric: (M,) tensor} -> {metric: [M floats]} for JSON: every run scores the same fixed-seed images, so
+    two runs can be compared image by image (compare.py's paired standard error)."""
+    return {k: [round(x, 6) for x in v.tolist()] for k, v in values.items()}
+
+
 def format_summary(summary: dict) -> str:
     """'name mean +- se' for each metric (prefixes like 'eval/' kept)."""
     names = [k for k in summary if not k.endswith(("_std", "_se"))]
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
         with open(os.path.join(out, "eval.json"), "w") as f:
             json.dump({"checkpoint": args.checkpoint, "ema": args.ema, "model": model, "samples": samples,
                        "steps": steps, "guidance": guidance, **summary,
-                       "per_image": {k: [round(x, 6) for x in v.tolist()] for k, v in result["values"].items()}},
+                       "per_image": per_image(result["values"])},
                       f, indent=1)
         save_grid(result["images"][:32], os.path.join(out, "grid.png"))
         names = [k for k in summary if not k.endswith(("_std", "_se"))]

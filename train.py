@@ -482,10 +482,8 @@ def main(cfg: Config) -> dict:
                 elif tracker.name == "wandb":
                     tracker.log_images({"eval/samples": [grid]}, progress.iteration)
             with open(os.path.join(cfg.output_dir, f"eval_{tag}.json"), "w") as f:
-                # per-image values too: every run scores the same images (fixed seeds), so two runs can be
-                # compared image by image (compare.py's paired standard error)
-                per_image = {k: [round(x, 6) for x in v.tolist()] for k, v in result["values"].items()}
-                json.dump({"iteration": progress.iteration, **summary, "per_image": per_image}, f, indent=1)
+                json.dump({"iteration": progress.iteration, **summary,
+                           "per_image": evaluate.per_image(result["values"])}, f, indent=1)
         return summary
 
     evals = {"before": run_eval("before")} if progress.iteration == 0 else {}
