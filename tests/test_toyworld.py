@@ -67,6 +67,25 @@ def test_split_is_disjoint_deterministic_and_covers_the_world():
     assert not torch.equal(images[0], tw.render(metas[:1], [seeds[1]])[0])  # the seed moves the objects
 
 
+def test_misnamed_colours_are_wrong_at_the_rate_asked_and_leave_the_rest_true():
+    _, metas, _ = tw.dataset("train", 0, 4000)
+    gen = torch.Generator().manual_seed(0)
+    assert tw.misname_colours(metas, 0.0, gen) == [tw.caption(m) for m in metas]
+    assert torch.equal(gen.get_state(), torch.Generator().manual_seed(0).get_state())  # clean runs replay exactly
+    noisy = [tw.parse_caption(p) for p in tw.misname_colours(metas, 0.25, torch.Generator().manual_seed(0))]
+    assert all(n["count"] == m["count"] and n["shape"] == m["shape"] for n, m in zip(noisy, metas))
+    wrong = [(m["color"], n["color"]) for n, m in zip(noisy, metas) if n["color"] != m["color"]]
+    assert abs(len(wrong) / len(metas) - 0.25) < 0.03  # binomial SE ~0.007
+    # the wrong colour is uniform over the other three, for every true colour
+    for true in tw.COLORS:
+        named = [n for t, n in wrong if t == true]
+        assert all(abs(named.count(c) / len(named) - 1 / 3) < 0.1 for c in tw.COLORS if c != true), (true, named)
+    always = tw.misname_colours(metas[:50], 1.0, torch.Generator().manual_seed(1))
+    assert all(tw.parse_caption(p)["color"] != m["color"] for p, m in zip(always, metas))
+    with pytest.raises(ValueError, match="colour_noise"):
+        tw.pretrain(None, steps=1, colour_noise=1.5)
+
+
 def test_renderer_never_lets_objects_touch():
     # Four large objects every time: the layout must keep GAP empty pixels between all bounding boxes.
     for seed in range(300):
@@ -218,3 +237,6 @@ def test_pretraining_is_seeded_and_decreases_the_loss(tmp_path):
     losses = tw.pretrain(str(tmp_path / "m"), steps=16, batch=8, lr=2e-3, eval_every=0, log=quiet)["losses"]
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
     assert sampler.load_pipeline(str(tmp_path / "m")).vae is None
+    # --init continues from the saved weights: its first loss (same batch, same noise) is the trained model's
+    resumed = tw.pretrain(None, steps=1, batch=8, eval_every=0, init=str(tmp_path / "m"), log=quiet)["losses"]
+    assert resumed[0] < 0.8 * losses[0], (resumed, losses)
