@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
             std, se = summary.get(k + "_std"), summary.get(k + "_se")
             print(f"{k:<28} {summary[k]:>10.4f} " + (f"{std:>10.4f} {se:>10.4f}" if std is not None else ""))
         print(f"wrote {os.path.join(out, 'eval.json')} and {os.path.join(out, 'grid.png')}")
+    # as in train.py: all processes meet, then each destroys its process group (left to exit, gloo can abort)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
     return summary
 
 

@@ -648,6 +648,8 @@ def main(cfg: Config) -> dict:
             accelerator.print(f"eval {tag}: " + evaluate.format_summary(summary))
         with open(os.path.join(cfg.output_dir, "process_checksums.json"), "w") as f:
             json.dump(sums, f)
+    # every process reaches here before any tears its gloo/NCCL group down (a lone destroy can hang or abort)
+    accelerator.wait_for_everyone()
     accelerator.end_training()
     return {"evals": evals, "transformer": model, "checksums": sums}
 

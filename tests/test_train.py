@@ -5,6 +5,7 @@ with one clear line."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -84,10 +85,26 @@ def test_resume_is_bit_exact(tmp_path):
 
 
 def _launch_two(script_and_args, timeout=300):
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    """`accelerate launch` with 2 gloo processes. A hang fails the test with every process's Python stack: the
+    run gets its own process group, and on timeout SIGABRT makes faulthandler print each process's traceback."""
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONPATH=ROOT, PYTHONFAULTHANDLER="1")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", *script_and_args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            try:  # the launcher's workers too, so that no orphan keeps the CPUs busy
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"two-process run hung for {timeout} s; the processes' stacks:\n{stderr[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def test_two_processes_train_in_sync(tmp_path):
