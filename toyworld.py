@@ -350,8 +350,8 @@ def pretrain(out: str | None, steps: int, seed: int = 0, batch: int = 64, lr: fl
     samples can rank. Measured (tp-grpo, `train.py --task tiny --model M`, 192 held-out images, change +- paired
     SE over images): clean 1200 steps then 200 steps at colour_noise 0.3, lr 3e-4 (`--init toy_model`): score
     0.388 before, +0.117 / +0.070 / +0.076 +- 0.033 (seeds 0 / 1 / 2; 3 seeds: +0.088, 3.1 SE); at 0.2:
-    0.505, +0.016 +- 0.030; 1200 steps from scratch at 0.25: 0.409, +0.042 +- 0.030. About half the images change their score after
-    20 iterations, so the paired SE stays near the unpaired one.
+    0.505, +0.016 +- 0.030; 1200 steps from scratch at 0.25: 0.409, +0.042 +- 0.030. About half the images
+    change their score after 20 iterations, so the paired SE stays near the unpaired one.
     """
     if steps < 1 or batch < 1:
         raise ValueError(f"pretraining needs steps >= 1 and batch >= 1, got steps={steps}, batch={batch}")
