@@ -6,7 +6,8 @@ batch of images as one tensor and keeps its models resident. Rewards:
 | name                    | model                                              | training value           |
 |-------------------------|----------------------------------------------------|--------------------------|
 | pickscore               | PickScore_v1 (CLIP-H): logit_scale * cos(img, txt) | score / 26 (Flow-GRPO)   |
-| ocr                     | rapidocr PP-OCR (ONNX, bundled in the wheel)       | 1 - min(d, n) / n        |
+| ocr                     | rapidocr PP-OCR (ONNX, bundled in the wheel)       | 1 - d / n (Flow-GRPO)    |
+| ocr_demo                | same, n counting spaces (the demo code, paper)     | 1 - d / n_spaces         |
 | geneval                 | Mask2Former (COCO instances) + CLIP-L/14 colours   | partial credit           |
 | aesthetic               | LAION aesthetic predictor v2 on CLIP-L/14          | predicted rating (1-10)  |
 | jpeg_compressibility    | JPEG size at quality 95 (DDPO)                     | -kilobytes               |
@@ -166,8 +167,12 @@ def load_pickscore(device, batch_size=16, model_paths=None, **_):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# OCR (SPEC 8): 1 - min(edit distance, n) / n between the recognized text and the prompt's quoted text.
+# OCR: Flow-GRPO's OcrScorer (flow_grpo/ocr.py): the target inside the recognized text scores 1, otherwise
+# 1 - min(edit distance, n) / n; `ocr_demo` is the TurningPoint-GRPO demo code's denominator.
 # ----------------------------------------------------------------------------------------------------------------
+
+OCR_DENOMINATORS = ("flow-grpo", "demo")
+
 
 def ocr_target(prompt):
     """Text between the first pair of double quotes; the whole prompt if it has none (as Flow-GRPO's OcrScorer)."""
@@ -175,18 +180,24 @@ def ocr_target(prompt):
     return parts[1] if len(parts) >= 3 else prompt
 
 
-def ocr_reward(recognized, target):
-    """1 - min(d, n) / n, d = Levenshtein distance, both texts lower-cased with spaces removed, n = len(target).
+def ocr_reward(recognized, target, denominator="flow-grpo"):
+    """The OCR reward of Flow-GRPO's OcrScorer, both texts lower-cased with spaces removed (t = target, r = read):
 
-    DEVIATION from the demo code's OcrScorer, which also gives 1.0 whenever the target is a substring of the
-    recognized text and divides by the target length *with* spaces (so a blank image scores > 0 for a
-    multi-word target), because SPEC 8 defines the reward as the plain capped edit distance.
+        d = 0 if t occurs inside r, else min(Levenshtein(r, t), len(t));   reward = 1 - d / n
+
+    with n = len(t), the target's length without spaces ("flow-grpo"), or n = the target's length WITH spaces
+    ("demo": the TurningPoint-GRPO demo code's flow_grpo/ocr.py, where the paper's OCR numbers come from; there a
+    blank image scores 1 - len(t) / n > 0 for a target with spaces). An empty target scores 1 (nothing to render).
     """
-    recognized, target = recognized.replace(" ", "").lower(), target.replace(" ", "").lower()
-    if not target:
-        return 1.0  # nothing to render (Flow-GRPO: an empty target is a perfect match)
-    n = len(target)
-    return 1.0 - min(Levenshtein.distance(recognized, target), n) / n
+    if denominator not in OCR_DENOMINATORS:
+        raise ValueError(f"unknown OCR denominator '{denominator}'; use one of {OCR_DENOMINATORS}")
+    read, t = recognized.replace(" ", "").lower(), target.replace(" ", "").lower()
+    if not t:
+        return 1.0
+    # substring rule: extra text around a correct rendering (a sign's other words, a border read as "|") costs nothing
+    d = 0 if t in read else min(Levenshtein.distance(read, t), len(t))
+    n = len(t) if denominator == "flow-grpo" else len(target)
+    return 1.0 - d / n
 
 
 @functools.lru_cache(maxsize=None)
@@ -217,7 +228,8 @@ def _load_ocr_engine():
     return _loaded("rapidocr PP-OCR models", str(models), load, "reinstall rapidocr and onnxruntime")
 
 
-def load_ocr(device, **_):
+def load_ocr(device, denominator="flow-grpo", **_):
+    """OCR reward of each image against its prompt's quoted text (ocr_reward; `denominator` names its n)."""
     engine = _load_ocr_engine()
 
     def score(images, prompts, metadata):
@@ -227,7 +239,7 @@ def load_ocr(device, **_):
             # rapidocr reads arrays as BGR (cv2); its use_* flags persist between calls, so name them every time.
             result = engine(np.ascontiguousarray(rgb[..., ::-1]), use_det=True, use_cls=False, use_rec=True)
             # Text boxes come sorted top-to-bottom, left-to-right; Flow-GRPO joins them without separator.
-            rewards.append(ocr_reward("".join(result.txts or ()), ocr_target(prompt)))
+            rewards.append(ocr_reward("".join(result.txts or ()), ocr_target(prompt), denominator))
         return torch.tensor(rewards, dtype=torch.float32, device=device)  # (N,)
 
     return score
@@ -608,6 +620,7 @@ def load_geneval(device, batch_size=16, model_paths=None, **_):
 REWARD_LOADERS = {
     "pickscore": load_pickscore,
     "ocr": load_ocr,
+    "ocr_demo": functools.partial(load_ocr, denominator="demo"),  # the paper's OCR numbers (ocr_reward)
     "geneval": load_geneval,
     "aesthetic": load_aesthetic,
     "jpeg_compressibility": load_jpeg_compressibility,
@@ -659,8 +672,9 @@ def load_rewards(weights, device="cpu", model_paths=None, batch_size=16, options
 def load_prompts(path):
     """A prompt set: .txt (one prompt a line, metadata {}) or GenEval .jsonl -> (prompts, metadata records)."""
     path = Path(path)
-    where = ("the official sets are in the Flow-GRPO repository (github.com/yifan123/flow_grpo), folder dataset/: "
-             "pickscore_sfw/{train,test}.txt, ocr/{train,test}.txt, geneval/{train,test}_metadata.jsonl")
+    where = ("the official sets are in the TurningPoint-GRPO repository (github.com/YunzeTong/TurningPoint-GRPO), "
+             "folder dataset/: pickscore_sfw/{train,test}.txt, ocr/{train,test}.txt, "
+             "geneval/{train,test}_metadata.jsonl, drawbench/")
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} not found; {where}")
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -183,7 +183,7 @@ def ocr_score():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DownloadFile, "run", classmethod(no_download))
         rewards._load_ocr_engine.cache_clear()
-        yield load_rewards({"ocr": 1.0})
+        yield load_rewards({"ocr": 1.0, "ocr_demo": 0.0})  # total = ocr; parts hold both
 
 
 def test_ocr_reads_rendered_text_in_one_batch(ocr_score):
@@ -199,9 +199,10 @@ def test_ocr_wrong_text_scores_lower_with_edit_distance(ocr_score):
     # Normalized edit distances to "happybirthday": 0, 2, 5, 13 (blank).
     texts = ["Happy Birthday", "Hoppy Birthdey", "Hoppy Barkdoy"]
     images = torch.cat([render(texts), torch.ones(1, 3, 512, 512)])
-    total, _ = ocr_score(images, [f'a cake with "{target}" in icing'] * 4, [{}] * 4)
+    total, parts = ocr_score(images, [f'a cake with "{target}" in icing'] * 4, [{}] * 4)
     assert total[0] > total[1] > total[2] > total[3]
     assert total[3] == 0.0  # a blank image reads nothing
+    assert parts["ocr_demo"][3] == pytest.approx(1 - 13 / 14)  # ...but the demo code's n = 14 counts the space
     # The clean renders are read exactly: 1, 1 - 2/13, 1 - 5/13 (one misread character allowed).
     torch.testing.assert_close(total[:3], torch.tensor([1.0, 1 - 2 / 13, 1 - 5 / 13]), atol=1 / 13 + 1e-6, rtol=0)
 
@@ -209,12 +210,28 @@ def test_ocr_wrong_text_scores_lower_with_edit_distance(ocr_score):
 def test_ocr_reward_formula():
     assert ocr_target('a sign saying "Hello World" at night') == "Hello World"
     assert ocr_target("no quotes here") == "no quotes here"
+    # Flow-GRPO's denominator: n = len("helloworld") = 10
     assert ocr_reward("HELLO world", "Hello World") == 1.0  # case and spaces ignored
     assert ocr_reward("hallo world", "Hello World") == pytest.approx(1 - 1 / 10)
-    assert ocr_reward("helloworld!!", "Hello World") == pytest.approx(1 - 2 / 10)  # extra text costs
     assert ocr_reward("", "Hello World") == 0.0
-    assert ocr_reward("something completely different and long", "Hi") == 0.0  # capped at n
+    assert ocr_reward("a completely different and long text", "Hi") == 0.0  # capped at n
     assert ocr_reward("anything", "") == 1.0
+    # the substring rule: the target inside a longer reading is a perfect match (a plain edit distance gives 0.8)
+    assert ocr_reward("helloworld!!", "Hello World") == 1.0
+    assert ocr_reward("OPEN: Hello World, 24h", "Hello World") == 1.0
+    assert ocr_reward("hello worl", "Hello World") == pytest.approx(1 - 1 / 10)  # a prefix is not the target
+
+
+def test_ocr_demo_denominator_counts_spaces():
+    # the demo code: d capped at the space-free length 10, divided by the length with spaces 11
+    assert ocr_reward("hallo world", "Hello World", "demo") == pytest.approx(1 - 1 / 11)
+    assert ocr_reward("", "Hello World", "demo") == pytest.approx(1 - 10 / 11)  # a blank image scores > 0
+    assert ocr_reward("", "Happy 40th Birthday Mom", "demo") == pytest.approx(1 - 20 / 23)
+    assert ocr_reward("xx hello world", "Hello World", "demo") == 1.0  # the substring rule too
+    assert ocr_reward("helo", "Hi", "demo") == pytest.approx(1 - 2 / 2)  # no space: the two agree
+    assert ocr_reward("helo", "Hi") == ocr_reward("helo", "Hi", "demo")
+    with pytest.raises(ValueError, match="unknown OCR denominator"):
+        ocr_reward("a", "b", "paper")
 
 
 # ---------------------------------------------------------------------------------------------------------------
