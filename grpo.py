@@ -92,13 +92,17 @@ def zero_std_fraction(values, group):
     return _group_stats(x, ids, n_groups)[2].float().mean()
 
 
-def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta):
+def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask=None):
     """Clipped surrogate plus KL for one window step of a micro-batch. Returns (loss, stats).
 
     logp: log-prob of the stored x' under the current policy (n,), with grad; logp_old: the same at sampling
     time (n,); advantages (n,); mean: the policy's step mean (n, C, H, W), with grad; ref_mean: the reference
     policy's mean (n, C, H, W), or None when beta = 0; std_kl (n,): the std the KL divides by (SPEC 2).
     clip_range: the ratio clip eps (SPEC 7: 1e-5); beta: the KL weight (SPEC 7: 1e-4).
+    mask (n,) bool, or None for all rows: the rows that count. The loss and every statistic are means over them
+    alone, as if the other rows were not in the micro-batch (Flow-GRPO's zero-advantage filter, which train.py
+    applies by masking so that every process keeps the same batch layout); a micro-batch with no such row gives
+    loss 0, still connected to the graph so that its backward pass runs, and statistics 0.
     stats: detached float tensors clip_frac, approx_kl, kl, policy_loss, ratio_mean, ratio_min, ratio_max.
     """
     n = logp.shape[0] if isinstance(logp, torch.Tensor) and logp.dim() == 1 else None
@@ -114,6 +118,16 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
         raise ValueError(f"beta = {beta} needs ref_mean (the reference policy's step mean); pass it or set beta = 0")
     if not clip_range > 0:
         raise ValueError(f"clip_range must be > 0, got {clip_range}")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (n,)):
+        raise ValueError(f"mask must be a (n,) bool tensor with n = {n} (True: the row counts), or None")
+
+    if mask is None:
+        avg = torch.mean
+    else:
+        weight = mask.to(logp.dtype)  # (n,) 1 for a counted row
+        count = weight.sum().clamp_min(1)
+        # mean over the counted rows: sum(x m) / max(sum(m), 1); all-True gives exactly x.mean()
+        avg = lambda x: (x * weight).sum() / count  # noqa: E731
 
     # rho = exp(logp_theta - logp_old)
     ratio = torch.exp(logp - logp_old)  # (n,)
@@ -121,7 +135,7 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
     # the ratio has left the trust region in the direction the advantage pushes, the gradient is 0.
     unclipped = -advantages * ratio  # (n,)
     clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)  # (n,)
-    policy_loss = torch.maximum(unclipped, clipped).mean()
+    policy_loss = avg(torch.maximum(unclipped, clipped))
 
     if ref_mean is None:
         kl = torch.zeros_like(std_kl)  # (n,)
@@ -139,17 +153,19 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
         valid = denom > 0  # (n,)
         kl = torch.where(valid, sq / torch.where(valid, denom, torch.ones_like(denom)), torch.zeros_like(sq))  # (n,)
     # total = mean(L) + beta * mean(KL)
-    loss = policy_loss + beta * kl.mean() if beta != 0 else policy_loss
+    loss = policy_loss + beta * avg(kl) if beta != 0 else policy_loss
 
     with torch.no_grad():
+        counted = torch.ones_like(ratio, dtype=torch.bool) if mask is None else mask  # (n,)
+        any_row = counted.any()
         stats = {
-            "clip_frac": ((ratio - 1).abs() > clip_range).float().mean(),
+            "clip_frac": avg(((ratio - 1).abs() > clip_range).to(ratio.dtype)),
             # approx KL(old || new) to second order: 0.5 E[(logp - logp_old)^2]
-            "approx_kl": 0.5 * (logp - logp_old).square().mean(),
-            "kl": kl.mean(),
+            "approx_kl": 0.5 * avg((logp - logp_old).square()),
+            "kl": avg(kl),
             "policy_loss": policy_loss,
-            "ratio_mean": ratio.mean(),
-            "ratio_min": ratio.min(),
-            "ratio_max": ratio.max(),
+            "ratio_mean": avg(ratio),
+            "ratio_min": torch.where(any_row, torch.where(counted, ratio, torch.inf).min(), 0.0),
+            "ratio_max": torch.where(any_row, torch.where(counted, ratio, -torch.inf).max(), 0.0),
         }
     return loss, {k: v.detach().float() for k, v in stats.items()}

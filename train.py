@@ -83,6 +83,8 @@ class Config:
     clip_range: float = _f(1e-5, "epsilon, the ratio clip: clip(rho, 1 - eps, 1 + eps)")
     beta: float = _f(1e-4, "beta, the KL weight (0 skips the reference forward pass)")
     adv_clip: float = _f(5.0, "advantages are clipped to [-adv_clip, adv_clip]")
+    drop_zero_adv: bool = _f(True, "leave trajectories whose advantage A_{i,k} is 0 at every window step out of "
+                                   "the loss's means (Flow-GRPO and the demo code drop them)")
     lora_rank: int = _f(32, "LoRA r (0 = full fine-tuning of the transformer)")
     lora_alpha: int = _f(64, "LoRA alpha")
     lora_targets: str = _f("to_q,to_k,to_v,to_out.0", "LoRA target modules (attention projections)")
@@ -346,6 +348,24 @@ def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.T
     return torch.randint(num_prompts, (B,), generator=g)  # (B,)
 
 
+def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Tensor:
+    """`order` (n,) rearranged so that the kept rows are spread evenly over its micro-batches of `batch` rows.
+
+    Flow-GRPO re-batches the kept samples into equal micro-batches; masking instead (every process must keep the
+    same number of backward passes for DDP) would leave it to chance how many counted rows a micro-batch has,
+    i.e. how much each of them weighs. Micro-batch m takes the next floor or ceil(K / M) kept rows (K kept, M
+    micro-batches) in `order`'s order, then dropped rows fill it up; with every row kept, `order` is unchanged.
+    """
+    M = order.numel() // batch
+    kept, dropped = order[keep[order]], order[~keep[order]]  # (K,), (n - K,) both in `order`'s order
+    parts, k, d = [], 0, 0
+    for m in range(M):
+        size = kept.numel() // M + (m < kept.numel() % M)
+        parts += [kept[k:k + size], dropped[d:d + batch - size]]
+        k, d = k + size, d + batch - size
+    return torch.cat(parts)  # (n,)
+
+
 def score(pipe, latents: torch.Tensor, prompts: list[str], metadata: list[dict], reward_fn, batch: int):
     """Decode and score latents (M, C, H, W) in chunks: total (M,) and components {name: (M,)}."""
     totals, parts = [], {}
@@ -382,6 +402,19 @@ def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Co
         step_r, kept = tp.step_rewards(R_all, group, cfg.algo, cfg.tp_rule)  # (N, W), (N, W)
         adv = grpo.per_timestep_advantages(step_r, group, clip=cfg.adv_clip)  # (N, W)
     return R_all, step_r, kept, adv[mine].to(device)  # adv (n, W)
+
+
+def mean_over_processes(accelerator, sums: dict[str, float]) -> dict[str, float]:
+    """{name: sum of value x rows, 'rows': rows} from every process -> {name: mean per row} over all processes."""
+    keys = sorted(sums)
+    total = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64,
+                                            device=accelerator.device), "sum").tolist()
+    rows = max(total[keys.index("rows")], 1.0) if keys else 1.0
+    return {k: v / rows for k, v in zip(keys, total) if k != "rows"}
+
+
+def max_over_processes(accelerator, value: float) -> float:
+    return float(accelerator.gather(torch.tensor([value], device=accelerator.device)).max())
 
 
 def params_checksum(params: list[torch.Tensor]) -> float:
@@ -564,8 +597,19 @@ def main(cfg: Config) -> dict:
         cond_all = S.Cond.cat([c for _, c in batches])  # n rows
         g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -2, rank))
         order = torch.randperm(n, generator=g)  # (n,) which rows go into which update
-        stats_sum, stat_count, grad_norms = {}, 0, []
-        for rows in order.split(cfg.train_batch):  # every update = micro_per_update micro-batches x W steps
+        # Flow-GRPO's filter: a trajectory whose advantage is 0 at every window step has no policy gradient; left in,
+        # it would only dilute its micro-batch's mean (and add its KL term), so it is left out of the loss.
+        zero_adv = (adv_mine == 0).all(1).cpu()  # (n,)
+        # DEVIATION: Flow-GRPO drops the rows and re-batches the rest (padding the count to a multiple of its
+        # micro-batch count with dropped rows, which then add their KL); we keep the layout and mask them, because
+        # every process must run the same number of backward passes (DDP), so dropped rows still cost compute.
+        mask = ~zero_adv if cfg.drop_zero_adv else None  # (n,) rows that count, or None: all
+        if mask is not None:
+            order = spread_kept(order, mask, cfg.train_batch)
+        stats_sum, grad_norms = {}, []
+        first, first_dev = {}, 0.0  # the first micro-batch's statistics: before any optimizer step, rho = 1
+        for mb, rows in enumerate(order.split(cfg.train_batch)):  # an update = micro_per_update micro-batches x W
+            counted = rows.numel() if mask is None else int(mask[rows].sum())
             for k in range(W):
                 i = w0 + k  # grid index of window step k+1: s_k -> s_{k+1}
                 x, x_next = states[rows, k], states[rows, k + 1]  # (b, C, H, W) each
@@ -585,7 +629,8 @@ def main(cfg: Config) -> dict:
                         ref_mean = S.sde_step(x, v_ref, sigmas[i], sigmas[i + 1], cfg.noise_level, cfg.sampler,
                                               next_sample=x_next).mean  # (b, C, H, W)
                     loss, stats = grpo.grpo_loss(out.log_prob, logp_old[rows, k], adv_mine[rows, k], out.mean,
-                                                 ref_mean, out.std_kl, cfg.clip_range, cfg.beta)
+                                                 ref_mean, out.std_kl, cfg.clip_range, cfg.beta,
+                                                 mask=None if mask is None else mask[rows].to(accelerator.device))
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
                         norm = accelerator.clip_grad_norm_(params, cfg.max_grad_norm)  # DeepSpeed may return None
@@ -594,10 +639,13 @@ def main(cfg: Config) -> dict:
                     optimizer.zero_grad(set_to_none=True)
                     if accelerator.sync_gradients and ema is not None:
                         ema.step()
-                for key, val in stats.items():
-                    stats_sum[key] = stats_sum.get(key, 0.0) + float(val)
-                stats_sum["loss"] = stats_sum.get("loss", 0.0) + float(loss.detach())
-                stat_count += 1
+                # statistics weighted by counted rows: the means over every counted (row, step) of the iteration
+                for into in (stats_sum, first) if mb == 0 else (stats_sum,):
+                    for key, val in {**stats, "loss": loss.detach(), "rows": 1.0}.items():
+                        into[key] = into.get(key, 0.0) + float(val) * counted
+                if mb == 0:  # max |rho - 1| over all its rows (counted or not): the on-policy check of the numerics
+                    rho = torch.exp(out.log_prob.detach() - logp_old[rows, k])  # (b,)
+                    first_dev = max(first_dev, float((rho - 1).abs().max()))
         timer["train"] = time.perf_counter() - start
         progress.iteration = it + 1
         del batches, states
@@ -606,9 +654,10 @@ def main(cfg: Config) -> dict:
         # 6. Logging (main process), evaluation, checkpoints
         # --------------------------------------------------------------------------------------------------------
         r_sde = R_all[:, -1]  # (N,)
-        train_stats = {k: v / stat_count for k, v in stats_sum.items()}
-        train_stats = {k: accelerator.reduce(torch.tensor(v, device=accelerator.device), "mean").item()
-                       for k, v in train_stats.items()}
+        train_stats = mean_over_processes(accelerator, stats_sum)
+        train_stats.update({f"first_{k}": v for k, v in mean_over_processes(accelerator, first).items()})
+        train_stats["first_ratio_dev"] = max_over_processes(accelerator, first_dev)
+        train_stats["zero_adv_frac"] = float(accelerator.reduce(zero_adv.sum().to(accelerator.device), "sum")) / N
         log = {"reward/mean": r_sde.mean().item(), "reward/std": r_sde.std(unbiased=False).item(),
                "reward/zero_std_groups": grpo.zero_std_fraction(r_sde, group).item(),
                "train/grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "train/lr": cfg.lr,

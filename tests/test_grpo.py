@@ -173,6 +173,57 @@ def test_loss_matches_hand_computation():
     assert all(v.dim() == 0 and not v.requires_grad and v.dtype == torch.float32 for v in stats.values())
 
 
+def test_mask_equals_a_naive_loss_over_the_kept_rows_only():
+    n, eps, beta = 7, 0.2, 0.3
+    gen = torch.Generator().manual_seed(5)
+    logp_old = torch.randn(n, generator=gen)
+    logp = (logp_old + 0.3 * torch.randn(n, generator=gen)).requires_grad_(True)
+    adv = torch.randn(n, generator=gen)
+    std_kl = torch.rand(n, generator=gen) + 0.5
+    mean, ref = loss_inputs(n)
+    mean.requires_grad_(True)
+    keep = T([True, False, True, True, False, False, True])
+    loss, stats = grpo_loss(logp, logp_old, adv, mean, ref, std_kl, eps, beta, mask=keep)
+    loss.backward()
+    # the oracle: drop the rows, then the plain formulas on the 4 that are left (as Flow-GRPO's filter does)
+    k = keep.nonzero().flatten().tolist()
+    rho = [math.exp(logp[i].item() - logp_old[i].item()) for i in k]
+    per = [max(-adv[i].item() * r, -adv[i].item() * min(max(r, 1 - eps), 1 + eps)) for i, r in zip(k, rho)]
+    kls = [(mean[i] - ref[i]).square().mean().item() / (2 * std_kl[i].item() ** 2) for i in k]
+    assert loss.item() == pytest.approx(sum(per) / 4 + beta * sum(kls) / 4, rel=1e-5)
+    assert stats["policy_loss"].item() == pytest.approx(sum(per) / 4, rel=1e-5)
+    assert stats["kl"].item() == pytest.approx(sum(kls) / 4, rel=1e-5)
+    assert stats["ratio_mean"].item() == pytest.approx(sum(rho) / 4, rel=1e-5)
+    assert stats["ratio_min"].item() == pytest.approx(min(rho), rel=1e-6)
+    assert stats["ratio_max"].item() == pytest.approx(max(rho), rel=1e-6)
+    assert stats["clip_frac"].item() == pytest.approx(sum(abs(r - 1) > eps for r in rho) / 4)
+    # gradients: the dropped rows get none, the kept ones what the 4-row batch alone gives them
+    sub_logp, sub_mean = logp.detach()[k].requires_grad_(True), mean.detach()[k].requires_grad_(True)
+    sub, _ = grpo_loss(sub_logp, logp_old[k], adv[k], sub_mean, ref[k], std_kl[k], eps, beta)
+    sub.backward()
+    assert (logp.grad[~keep] == 0).all() and (mean.grad[~keep] == 0).all()
+    torch.testing.assert_close(logp.grad[k], sub_logp.grad, rtol=1e-6, atol=0)
+    torch.testing.assert_close(mean.grad[k], sub_mean.grad, rtol=1e-6, atol=0)
+
+
+def test_all_true_mask_is_no_mask_and_an_empty_mask_still_back_propagates():
+    n = 5
+    gen = torch.Generator().manual_seed(1)
+    logp_old, adv = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    mean, ref = loss_inputs(n)
+    args = (adv, mean, ref, torch.ones(n), 1e-5, 1e-4)
+    plain, plain_stats = grpo_loss(logp_old + 1e-6, logp_old, *args)
+    masked, masked_stats = grpo_loss(logp_old + 1e-6, logp_old, *args, mask=torch.ones(n, dtype=torch.bool))
+    assert torch.equal(plain, masked) and all(torch.equal(plain_stats[k], masked_stats[k]) for k in plain_stats)
+    logp = logp_old.clone().requires_grad_(True)
+    loss, stats = grpo_loss(logp, logp_old, *args, mask=torch.zeros(n, dtype=torch.bool))
+    loss.backward()  # a process whose micro-batch was all dropped still runs its backward pass (DDP)
+    assert loss.item() == 0.0 and logp.grad is not None and (logp.grad == 0).all()
+    assert all(v.item() == 0.0 for v in stats.values())
+    with pytest.raises(ValueError, match="mask must be"):
+        grpo_loss(logp_old, logp_old, *args, mask=torch.ones(n))
+
+
 def test_gradient_is_zero_where_clipped_on_the_side_of_the_advantage():
     eps = 1e-5  # SPEC 7
     # rows: A > 0 above 1+eps (clipped), A < 0 below 1-eps (clipped), A > 0 below (free), A < 0 above (free)

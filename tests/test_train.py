@@ -42,6 +42,10 @@ def test_two_iterations_train_lora_only(tmp_path, algo):
     assert [h["iteration"] for h in history] == [1, 2]
     assert all(torch.isfinite(torch.tensor(h["train/loss"])) for h in history)
     assert history[0]["cost/evals_per_trajectory"] == (10 if algo == "flow-grpo" else 55)
+    # on-policy check: the first micro-batch is trained before any optimizer step, and the training pass recomputes
+    # exactly the rollout's velocities, so rho = exp(logp - logp_old) is exactly 1 there
+    assert [h["train/first_ratio_dev"] for h in history] == [0.0, 0.0]
+    assert max(h["train/ratio_max"] for h in history) > 1  # ...while later micro-batches have moved
     trained = result["transformer"]
     fresh = S.tiny_pipeline().transformer.state_dict()
     lora = {k: v for k, v in trained.named_parameters() if "lora_" in k}
@@ -54,6 +58,40 @@ def test_two_iterations_train_lora_only(tmp_path, algo):
             assert torch.equal(p.detach(), fresh[name.replace(".base_layer", "")]), name
     for png in ("reward_curve.png", "samples_before.png", "samples_after.png"):
         assert os.path.getsize(os.path.join(out, png)) > 0
+
+
+def test_spread_kept_deals_the_kept_rows_evenly_over_micro_batches():
+    order = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(train.spread_kept(order, torch.ones(12, dtype=torch.bool), 4), order)
+    keep = torch.zeros(12, dtype=torch.bool)
+    keep[[0, 3, 4, 5, 9]] = True
+    out = train.spread_kept(order, keep, 4)
+    assert sorted(out.tolist()) == list(range(12))  # a permutation: every row still runs (DDP)
+    assert [int(keep[mb].sum()) for mb in out.split(4)] == [2, 2, 1]
+    assert out[keep[out]].tolist() == order[keep[order]].tolist()  # kept rows in the random order drawn
+
+
+def test_zero_advantage_filter_changes_nothing_else(tmp_path):
+    from tests.train_worker import load_half_constant  # noqa: F401 (registers the 'half_constant' reward)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("constant: a red cube\na blue ball\n")
+    half = ["--rewards", "half_constant:1", "--prompts", str(prompts)]
+    _, on = run(tmp_path, *half, name="on")
+    _, off = run(tmp_path, *half, "--drop-zero-adv", "false", name="off")
+    h_on, h_off = ([json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))] for out in (on, off))
+    # the constant prompt's group (4 of 8 trajectories) has advantage 0 at every step, whether dropped or not
+    assert [h["train/zero_adv_frac"] for h in h_on + h_off] == [0.5] * 4
+    # the first iteration's sampling and rewards are the same; the update is not (the dropped rows left its means)
+    for key in ("reward/mean", "reward/std", "cost/transformer_evals", "reward/R0_mean"):
+        assert h_on[0][key] == h_off[0][key], key
+    assert h_on[0]["train/policy_loss"] != h_off[0]["train/policy_loss"]
+    assert any(not torch.equal(a, b) for a, b in zip(lora_file(on, 2).values(), lora_file(off, 2).values()))
+    # nothing to drop (continuous rewards): the filter on or off trains bit for bit the same weights
+    _, on = run(tmp_path, "--iterations", "1", name="on_jpeg")
+    _, off = run(tmp_path, "--iterations", "1", "--drop-zero-adv", "false", name="off_jpeg")
+    assert json.loads(open(os.path.join(on, "metrics.jsonl")).readline())["train/zero_adv_frac"] == 0.0
+    a, b = lora_file(on, 1), lora_file(off, 1)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_saved_lora_loads_into_diffusers_and_reproduces_the_policy(tmp_path):
@@ -109,12 +147,21 @@ def _launch_two(script_and_args, timeout=300):
 
 def test_two_processes_train_in_sync(tmp_path):
     out = str(tmp_path / "ddp")
-    proc = _launch_two([os.path.join(ROOT, "train.py"), *FAST, "--train-batch", "2", "--output-dir", out])
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("constant: a red cube\na blue ball\n")
+    # G = 3 members strided over 2 processes: one holds 2 members of the constant prompt's group, the other 1, so
+    # the zero-advantage filter masks 2 of one process's 3 micro-batches and 1 of the other's; both must still
+    # run the same backward passes, or DDP hangs
+    proc = _launch_two([os.path.join(ROOT, "tests", "train_worker.py"), *FAST, "--rewards", "half_constant:1",
+                        "--prompts", str(prompts), "--group-size", "3", "--sample-batch", "3", "--train-batch", "1",
+                        "--updates-per-iter", "1", "--output-dir", out])
     assert proc.returncode == 0, proc.stderr[-3000:]
     sums = json.load(open(os.path.join(out, "process_checksums.json")))
     assert len(sums) == 2 and sums[0] == sums[1]
     history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert len(history) == 2 and history[0]["cost/transformer_evals"] == 55 * 8  # both processes counted
+    assert len(history) == 2 and history[0]["cost/transformer_evals"] == 55 * 6  # both processes counted
+    assert [h["train/zero_adv_frac"] for h in history] == [0.5, 0.5]
+    assert [h["train/first_ratio_dev"] for h in history] == [0.0, 0.0]
     # evaluate.py on that checkpoint, also on two processes (5 images: one process pads its share)
     ev = str(tmp_path / "eval")
     checkpoint = os.path.join(out, "checkpoints", "iter-000002")
