@@ -4,6 +4,7 @@ weights move and base weights do not, the saved LoRA loads into diffusers, resum
 with one clear line."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -92,6 +93,26 @@ def test_zero_advantage_filter_changes_nothing_else(tmp_path):
     assert json.loads(open(os.path.join(on, "metrics.jsonl")).readline())["train/zero_adv_frac"] == 0.0
     a, b = lora_file(on, 1), lora_file(off, 1)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ema_follows_flow_grpos_warm_up_schedule():
+    p = torch.nn.Parameter(torch.zeros(2))
+    ema = train.EMA([p], decay=0.9, every=8)
+    seen = []
+    for s in range(24):  # optimizer step s sets the weights to s + 1
+        p.data.fill_(s + 1.0)
+        ema.step()
+        seen.append(ema.shadow[0][0].item())
+    # by hand: updates after s = 7, 15, 23 with decays min(0.9, 8/17), min(0.9, 16/25), min(0.9, 24/33)
+    after7 = 8 / 17 * 0 + 9 / 17 * 8
+    after15 = 16 / 25 * after7 + 9 / 25 * 16
+    after23 = 24 / 33 * after15 + 9 / 33 * 24
+    expected = [0.0] * 7 + [after7] * 8 + [after15] * 8 + [after23]
+    assert seen == pytest.approx(expected, rel=1e-6)
+    assert ema.decay_at(79) == pytest.approx(80 / 89) and ema.decay_at(80) == 0.9 and ema.decay_at(500) == 0.9
+    # the share of the initial weights left after 80 optimizer steps: 7%, where 0.9 every 8 steps left 35%
+    share = math.prod(ema.decay_at(s) for s in range(7, 80, 8))
+    assert share == pytest.approx(0.0709, abs=1e-4)
 
 
 def test_saved_lora_loads_into_diffusers_and_reproduces_the_policy(tmp_path):
