@@ -25,6 +25,7 @@ import json
 import math
 import os
 import string
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,30 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transfo
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5Config, T5EncoderModel, T5Tokenizer
 
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
+RANDOM_SD35M = "random-sd35m"  # SD3.5-M's shapes with random weights, built in code (random_sd35m_pipeline)
 SAMPLERS = ("sde", "cps")
+
+# SD3.5-Medium's published configs (stabilityai/stable-diffusion-3.5-medium, transformer/ and vae/config.json):
+# MMDiT-X, 24 blocks of width 24 x 64 = 1536, a second image-only attention (attn2) in blocks 0-12, RMS QK-norm;
+# 16 latent channels, 8x downsampling (512 px -> 64x64 latents). Text: CLIP-L (768) + CLIP-G (1280) pooled = 2048,
+# T5-XXL tokens of width 4096.
+SD35M_TRANSFORMER = dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
+                         attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
+                         caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
+                         dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
+SD35M_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+                 up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
+                 layers_per_block=2, latent_channels=16, norm_num_groups=32, sample_size=1024,
+                 scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False)
+# the text encoders at their real widths (CLIP-L/14, OpenCLIP bigG/14, T5 v1.1 XXL); random_sd35m_pipeline keeps
+# 2 layers of each
+SD35M_TEXT = dict(
+    clip=(dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, projection_dim=768,
+               hidden_act="quick_gelu"),
+          dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=20, projection_dim=1280,
+               hidden_act="gelu")),
+    t5=dict(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, relative_attention_num_buckets=32,
+            feed_forward_proj="gated-gelu"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -45,11 +69,13 @@ class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message is one line saying which and how to fix it."""
 
 
-def tiny_text_stack(seed: int = 0, words: list[str] | None = None, width: int = 32, layers: int = 2):
-    """Two tiny CLIP text encoders + a tiny T5 with in-memory character tokenizers (no files, no download).
+def tiny_text_stack(seed: int = 0, words: list[str] | None = None, width: int = 32, layers: int = 2,
+                    clip: tuple[dict, dict] | None = None, t5: dict | None = None):
+    """Two CLIP text encoders + a T5 with random weights and in-memory character tokenizers (no files, no download).
 
     SD3 needs: T5 d_model = joint_attention_dim = width, and the two CLIP projections concatenated
-    = pooled_projection_dim = width, so each CLIP projects to width // 2. `words` adds whole-word pieces (the
+    = pooled_projection_dim = width, so by default each CLIP projects to width // 2. `clip` (two dicts) and `t5`
+    replace those sizes (SD35M_TEXT: the real widths). `words` adds whole-word pieces (the
     toy world's vocabulary) on top of the character-level fallback; T5's unigram model uses them, while CLIP's BPE
     without merges still reads letter by letter (the shipped toy checkpoint was trained with exactly this vocabulary,
     so it stays as it is).
@@ -62,19 +88,19 @@ def tiny_text_stack(seed: int = 0, words: list[str] | None = None, width: int = 
     t5_pieces += [(c, -2.0) for c in chars] + [("\u2581" + c, -1.5) for c in chars]
     t5_pieces += [("\u2581" + w, -0.5) for w in (words or [])]
 
+    tiny_clip = dict(hidden_size=width // 2, intermediate_size=width, num_attention_heads=2, projection_dim=width // 2,
+                     hidden_act="gelu")
+    t5 = t5 or dict(d_model=width, d_kv=8, d_ff=2 * width, num_heads=2, relative_attention_num_buckets=8)
     torch.manual_seed(seed)
     components = {}
-    for name in ("", "_2"):
-        cfg = CLIPTextConfig(vocab_size=len(clip_vocab), hidden_size=width // 2, intermediate_size=width,
-                             num_hidden_layers=layers, num_attention_heads=2, projection_dim=width // 2,
-                             max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1,
-                             hidden_act="gelu")
+    for name, sizes in zip(("", "_2"), clip or (tiny_clip, tiny_clip)):
+        cfg = CLIPTextConfig(vocab_size=len(clip_vocab), num_hidden_layers=layers, max_position_embeddings=77,
+                             bos_token_id=0, eos_token_id=1, pad_token_id=1, **sizes)
         components["text_encoder" + name] = CLIPTextModelWithProjection(cfg).eval()
         components["tokenizer" + name] = CLIPTokenizer(vocab=clip_vocab, merges=[], model_max_length=77,
                                                        pad_token="<|endoftext|>")
-    t5_cfg = T5Config(vocab_size=len(t5_pieces), d_model=width, d_kv=8, d_ff=2 * width, num_layers=layers,
-                      num_heads=2, relative_attention_num_buckets=8, dropout_rate=0.0, pad_token_id=0,
-                      eos_token_id=1, decoder_start_token_id=0)
+    t5_cfg = T5Config(vocab_size=len(t5_pieces), num_layers=layers, dropout_rate=0.0, pad_token_id=0,
+                      eos_token_id=1, decoder_start_token_id=0, **t5)
     components["text_encoder_3"] = T5EncoderModel(t5_cfg).eval()
     components["tokenizer_3"] = T5Tokenizer(vocab=t5_pieces, extra_ids=0)
     return components
@@ -100,14 +126,38 @@ def tiny_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
     return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
 
 
+def random_sd35m_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
+    """SD3.5-Medium's transformer and VAE with random weights, and its three text encoders at their real widths with
+    2 layers each and in-memory tokenizers: the real code path and cost of SD3.5-M on any GPU, without a download.
+
+    Built on the current default device, so `with torch.device("cuda"):` initializes on the GPU and
+    `with torch.device("meta"):` allocates nothing (shapes, parameter counts and FLOPs only).
+    """
+    text = tiny_text_stack(seed, layers=2, **SD35M_TEXT)
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER).eval()
+    vae = AutoencoderKL(**SD35M_VAE).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)  # SD3.5-M's scheduler config
+    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
+
+
 def load_pipeline(model: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """SD3 components from "tiny" (random weights, built in code), a hub id (SD35_MEDIUM) or a local folder.
+    """SD3 components from "tiny" or RANDOM_SD35M (random weights, built in code), a hub id (SD35_MEDIUM) or a
+    local folder, with weights in `dtype` ("tiny" stays float32) except the VAE's, which decodes in float32.
 
     A local folder may hold a pipeline without a VAE (the toy world's pixel-space model): `decode` handles it.
     Text encoders and the VAE are frozen; only the transformer is ever trained.
     """
     if model == "tiny":
         pipe = tiny_pipeline()
+    elif model == RANDOM_SD35M:
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # created in its dtype where it runs: no 9 GB float32 detour through the CPU
+        try:
+            with torch.device(device):
+                pipe = random_sd35m_pipeline()
+        finally:
+            torch.set_default_dtype(default)
     else:
         index = os.path.join(model, "model_index.json")
         # A saved pixel-space pipeline records "vae": [null, null]; diffusers then wants vae=None said explicitly.
@@ -120,6 +170,10 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, device: str | 
                 f"pass --model a local copy (`hf download {SD35_MEDIUM} --local-dir DIR` where there is internet, "
                 f"after accepting its license) or 'tiny'") from e
     pipe = pipe.to(device)
+    if pipe.vae is not None:
+        # float32 as the demo code's `pipeline.vae.to(device, dtype=torch.float32)`: completion rewards are compared
+        # through small differences d_k, and bf16 decoding noise could flip their signs (cost: bench.py, decode)
+        pipe.vae.float()
     for module in (pipe.vae, pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3, pipe.transformer):
         if module is not None:
             module.requires_grad_(False).eval()
@@ -141,13 +195,17 @@ def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
     """Latents (N, C, H, W) -> images (N, 3, H', W') float32 in [0, 1].
 
     SD3's VAE expects x / scaling_factor + shift_factor (the inverse of what encoding applied); a pipeline without a
-    VAE generates pixels in [-1, 1] directly.
+    VAE generates pixels in [-1, 1] directly. The VAE runs in its own dtype (float32 from load_pipeline) with any
+    autocast of the caller switched off.
     """
     if pipe.vae is None:
         images = latents.float()  # (N, 3, H, W) pixels in [-1, 1]
     else:
-        z = latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor  # (N, C, H, W)
-        images = pipe.vae.decode(z, return_dict=False)[0].float()  # (N, 3, H', W') in [-1, 1]
+        z = latents.float() / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor  # (N, C, H, W)
+        kind = z.device.type
+        no_autocast = torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else nullcontext()
+        with no_autocast:
+            images = pipe.vae.decode(z.to(pipe.vae.dtype), return_dict=False)[0].float()  # (N, 3, H', W') in [-1, 1]
     return (images / 2 + 0.5).clamp(0, 1)  # (N, 3, H', W')
 
 
@@ -231,7 +289,9 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
         t = torch.cat([timestep, timestep])  # (2n,)
     else:
         hidden, enc, pooled, t = x.to(dtype), cond.embeds, cond.pooled, timestep
-    out = transformer(hidden_states=hidden, timestep=t.to(x.device, dtype), encoder_hidden_states=enc.to(dtype),
+    # the timestep stays float32, as diffusers' pipelines pass it: in bf16 a timestep near 1000 moves by up to 2
+    # before the sinusoidal embedding (which casts its own output to the model's dtype)
+    out = transformer(hidden_states=hidden, timestep=t.to(x.device, torch.float32), encoder_hidden_states=enc.to(dtype),
                       pooled_projections=pooled.to(dtype), return_dict=False)[0].float()  # (2n or n, C, H, W)
     if counter is not None:
         counter.evals += n

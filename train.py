@@ -87,7 +87,11 @@ class Config:
                                    "the loss's means (Flow-GRPO and the demo code drop them)")
     lora_rank: int = _f(32, "LoRA r (0 = full fine-tuning of the transformer)")
     lora_alpha: int = _f(64, "LoRA alpha")
-    lora_targets: str = _f("to_q,to_k,to_v,to_out.0", "LoRA target modules (attention projections)")
+    lora_targets: str = _f(",".join(f"attn.{m}" for m in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj",
+                                                           "add_k_proj", "add_v_proj", "to_add_out")),
+                           "LoRA target modules, matched as path suffixes: the joint attention's projections of "
+                           "both streams, as the demo code and Flow-GRPO (191 layers on SD3.5-M; a bare 'to_q' "
+                           "would also match the image-only attn2)")
     ema_decay: float = _f(0.9, "EMA decay cap: after optimizer step s the decay is min(ema_decay, (1+s)/(10+s)) "
                                "(0 disables EMA)")
     ema_every: int = _f(8, "EMA update after optimizer step s when (s+1) % ema_every == 0")
@@ -134,12 +138,13 @@ def parse_config(argv: list[str] | None = None) -> Config:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
+        text = f.metadata["help"].replace("%", "%%") + f" (default: {f.default})"  # argparse %-formats help
         if f.type in ("bool", bool):
             p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=None,
-                           metavar="BOOL", help=f.metadata["help"] + f" (default: {f.default})")
+                           metavar="BOOL", help=text)
         else:
             kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            p.add_argument(flag, type=kind, default=None, help=f.metadata["help"] + f" (default: {f.default})")
+            p.add_argument(flag, type=kind, default=None, help=text)
     args = vars(p.parse_args(argv))
     task = args["task"] or Config.task
     if task not in PRESETS:

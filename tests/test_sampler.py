@@ -136,6 +136,32 @@ def test_pure_ode_rollout_equals_diffusers_pipeline(pipe, grid, guidance):
     torch.testing.assert_close(ro.final, ref, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("guidance", [1.0, 4.5])
+def test_bf16_autocast_velocity_is_diffusers_pipelines_at_every_step(grid, guidance, monkeypatch):
+    """Run as train.py and evaluate.py run on a GPU (bf16 weights, bf16 autocast), at every step of diffusers' own
+    trajectory our guided velocity is the one its pipeline hands to the scheduler: the same float32 timestep into
+    the transformer (a bf16 one moves by up to 2 of 1000, which changes v by up to ~0.1 here), only the CFG
+    combination differs, computed in float32 here and in bf16 there (one bf16 rounding)."""
+    sigmas, timesteps = grid
+    pipe = S.tiny_pipeline()
+    pipe.transformer.to(torch.bfloat16)
+    prompts = ["a red cat", "two dogs"]
+    seen = []  # (guided velocity, timestep, latent) of each of diffusers' steps
+    step = pipe.scheduler.step
+    monkeypatch.setattr(pipe.scheduler, "step", lambda v, t, x, **kw: seen.append((v, t, x)) or step(v, t, x, **kw))
+    _, _, x_T = _setup(pipe, prompts, 1, guidance)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pipe(prompt=prompts, negative_prompt=["", ""], latents=x_T.clone(), num_inference_steps=T,
+             guidance_scale=guidance, height=16, width=16, output_type="latent", max_sequence_length=16)
+        cond = S.encode_prompts(pipe, prompts, guidance, max_sequence_length=16)
+        assert len(seen) == T
+        for i, (v_ref, t, x) in enumerate(seen):
+            assert t.dtype == torch.float32 and t.item() == timesteps[i].item()
+            v = S.velocity(pipe.transformer, x.float(), timesteps[i].expand(2), cond, guidance)  # (2, C, H, W)
+            bf16_ulp = 2.0 ** -8 * v_ref.float().abs().max().clamp_min(1).item()
+            torch.testing.assert_close(v, v_ref.float(), rtol=0, atol=0 if guidance == 1 else bf16_ulp)
+
+
 @pytest.mark.parametrize("w0,window,kind,chunk", [(0, W, "cps", None), (2, 5, "sde", None), (0, W, "cps", 7)])
 def test_batched_completions_equal_the_naive_loop(pipe, grid, w0, window, kind, chunk):
     ro, cond = _rollout(pipe, grid, w0=w0, window=window, kind=kind, chunk_size=chunk)
@@ -207,6 +233,9 @@ def test_decode_gives_images_in_unit_range(pipe, grid):
     images = S.decode(pipe, ro.final)
     assert images.shape == (6, 3, 16, 16) and images.dtype == torch.float32
     assert images.min() >= 0 and images.max() <= 1
+    # the VAE decodes in float32 even inside the bf16 autocast that evaluation samples under
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(S.decode(pipe, ro.final), images)
 
 
 def test_member_seed_is_stable_and_distinct():
@@ -220,3 +249,22 @@ def test_missing_model_gives_one_clear_line(monkeypatch):
         S.load_pipeline(os.path.join("/nonexistent", "sd3-model"))
     message = str(err.value)
     assert "\n" not in message and "/nonexistent/sd3-model" in message and "local copy" in message
+
+
+def test_random_sd35m_has_sd35m_shapes_on_the_meta_device():
+    """--model random-sd35m built on the meta device: SD3.5-M's parameter counts and tensor shapes end to end,
+    nothing allocated; the VAE stays float32 when the rest is bf16."""
+    pipe = S.load_pipeline(S.RANDOM_SD35M, torch.bfloat16, "meta")
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert pipe.transformer.device.type == "meta" and pipe.transformer.dtype == torch.bfloat16
+    assert count(pipe.transformer) == 2_243_171_520 and pipe.vae.dtype == torch.float32
+    assert count(pipe.vae.decoder) == 49_545_475
+    widths = [pipe.text_encoder.config.hidden_size, pipe.text_encoder_2.config.hidden_size,
+              pipe.text_encoder_3.config.d_model]
+    assert widths == [768, 1280, 4096] and pipe.text_encoder_3.config.num_layers == 2
+    assert S.latent_shape(pipe, 512) == (16, 64, 64)
+    cond = S.encode_prompts(pipe, ["a red cat", "two dogs"], 4.5, max_sequence_length=128)
+    assert cond.embeds.shape == (2, 77 + 128, 4096) and cond.pooled.shape == (2, 2048)  # CLIP-L + CLIP-G pooled
+    x = torch.zeros(2, 16, 64, 64, device="meta")
+    assert S.velocity(pipe.transformer, x, torch.full((2,), 500.0), cond, 4.5).shape == (2, 16, 64, 64)
+    assert S.decode(pipe, x).shape == (2, 3, 512, 512)

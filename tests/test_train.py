@@ -61,6 +61,32 @@ def test_two_iterations_train_lora_only(tmp_path, algo):
         assert os.path.getsize(os.path.join(out, png)) > 0
 
 
+def _adapted(transformer) -> set[str]:
+    from peft.tuners.lora import LoraLayer
+    return {name for name, m in transformer.named_modules() if isinstance(m, LoraLayer)}
+
+
+def test_lora_targets_are_the_demo_codes_191_joint_attention_projections_on_sd35m():
+    from diffusers import SD3Transformer2DModel
+    with torch.device("meta"):  # SD3.5-M's 2.2B parameters as shapes only
+        transformer = SD3Transformer2DModel(**S.SD35M_TRANSFORMER)
+    train.add_lora(transformer, train.Config())
+    both_streams = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+    # the last block is context_pre_only: its text stream has no output projection (to_add_out)
+    expected = {f"transformer_blocks.{b}.attn.{m}" for b in range(24) for m in both_streams
+                if (b, m) != (23, "to_add_out")}
+    assert _adapted(transformer) == expected and len(expected) == 191  # blocks 0-12's attn2 stays frozen
+    # bare suffixes (this project's old default) adapt attn2 and miss the text stream: 148 layers
+    with torch.device("meta"):
+        transformer = SD3Transformer2DModel(**S.SD35M_TRANSFORMER)
+    train.add_lora(transformer, train.Config(lora_targets="to_q,to_k,to_v,to_out.0"))
+    bare = _adapted(transformer)
+    assert len(bare) == 148 and sum(".attn2." in name for name in bare) == 52
+    # the tiny test model still gets adapters on both streams
+    tiny = train.add_lora(S.tiny_pipeline().transformer, train.Config())
+    assert len(_adapted(tiny)) == 15 and "transformer_blocks.0.attn.add_q_proj" in _adapted(tiny)
+
+
 def test_spread_kept_deals_the_kept_rows_evenly_over_micro_batches():
     order = torch.randperm(12, generator=torch.Generator().manual_seed(0))
     assert torch.equal(train.spread_kept(order, torch.ones(12, dtype=torch.bool), 4), order)
