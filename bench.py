@@ -1,18 +1,27 @@
-"""Benchmark of the credit-assignment cost (SPEC 4): what TP-GRPO's ODE completions cost per trajectory.
+"""Benchmark of one training iteration's phases, above all the credit-assignment cost of TP-GRPO's ODE completions.
 
-Three layouts of the same work for a batch of n trajectories, T steps, an SDE window of W steps from w0 = 0:
+Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 = 0 (the real code paths):
 
   (a) Flow-GRPO rollout: T transformer calls, T evaluations per trajectory, no completion.
   (b) TP-GRPO as the authors' demo code lays it out: the rollout, a separate pure-ODE run for R_0, then one ODE
       completion per window state, one after the other (sampler.complete_naive): 64 evaluations for T=10, W=9.
   (c) TP-GRPO batched (sampler.rollout(complete=True)): the wavefront, 55 evaluations in T calls.
+  (d) decoding n latents with the VAE in float32 (what train.py does, as the demo code), and (d') in bf16 for
+      comparison: TP-GRPO decodes W+1 images per trajectory.
+  (e) one training micro-batch of the n trajectories: W window steps of forward + backward through the LoRA
+      transformer (train.window_step_loss: the policy, the adapter-off reference when beta > 0, grpo_loss), then
+      one AdamW step.
 
 An evaluation is one image through the transformer at one step (a CFG pair counts once); calls are forward
-passes. Wall times are medians over --repeats runs after one warm-up.
+passes. Wall times are medians over --repeats runs after one warm-up; FLOPs are counted once per phase by
+torch.utils.flop_counter.FlopCounterMode (matrix products and convolutions, forward and backward), and TFLOP/s =
+counted FLOPs / median seconds; on CUDA the peak memory of each phase is reported.
 
-  python bench.py                          # the tiny random-weight pipeline on the CPU (< 2 minutes on 2 cores)
-  python bench.py --size sd35m --device cuda --dtype bf16 --batches 8 24
-                                           # SD3.5-M-sized transformer with random weights, 512 px, no download
+  python bench.py                          # the tiny random-weight pipeline on the CPU (a few minutes on 2 cores)
+  python bench.py --size random-sd35m --device cuda --dtype bf16 --batches 8
+                                           # SD3.5-M's shapes with random weights, 512 px: no download
+  python bench.py --size random-sd35m --device meta --batches 8
+                                           # the same shapes on no memory at all: FLOPs only (a CPU-safe check)
 
 Shape legend: n trajectories per batch, C/H/W latent, L text tokens, D text width, P pooled width.
 """
@@ -20,103 +29,159 @@ Shape legend: n trajectories per batch, C/H/W latent, L text tokens, D text widt
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import statistics
 import time
+import types
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+from torch.utils.flop_counter import FlopCounterMode
 
 import sampler as S
-
-# SD3.5-Medium's published transformer config (stabilityai/stable-diffusion-3.5-medium, transformer/config.json):
-# MMDiT-X, 24 blocks of width 1536, dual attention in blocks 0-12, RMS QK-norm; 16 latent channels; 512 px ->
-# 64x64 latents. Text: 77 CLIP + 256 T5 tokens of width 4096, pooled CLIP-L + CLIP-G of width 2048.
-SD35M_TRANSFORMER = dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
-                         attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
-                         caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
-                         dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
+import train
 
 
-def build(size: str, device: str, dtype: torch.dtype, n: int, guidance: float):
-    """The transformer, the scheduler config source and a Cond for n images, plus the latent shape."""
-    if size == "tiny":
-        pipe = S.load_pipeline("tiny", device=device)
-        cond = S.encode_prompts(pipe, ["a photo of four books"], guidance, max_sequence_length=32).repeat(n)
-        return pipe.transformer, pipe.scheduler, cond, S.latent_shape(pipe, 16)
-    torch.manual_seed(0)
-    transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER).to(device, dtype).eval().requires_grad_(False)
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)  # SD3.5-M's scheduler config
-    g = torch.Generator("cpu").manual_seed(0)
-    text = lambda *shape: torch.randn(*shape, generator=g).to(device, dtype)  # noqa: E731
-    cond = S.Cond(text(n, 333, 4096), text(n, 2048), text(n, 333, 4096), text(n, 2048))  # (n, L, D), (n, P)
-    return transformer, scheduler, cond, (16, 64, 64)
+def build(args):
+    """The pipeline with a LoRA on its transformer (sampling runs with it too, as in train.py) and a Config."""
+    cfg = train.Config(guidance=args.guidance, noise_level=args.noise_level, window=args.window, steps=args.steps,
+                       gradient_checkpointing=args.gradient_checkpointing)
+    pipe = S.load_pipeline(args.size, args.dtype, args.device)
+    train.add_lora(pipe.transformer, cfg)
+    if cfg.gradient_checkpointing:
+        pipe.transformer.enable_gradient_checkpointing()
+    return pipe, cfg
 
 
-def timed(fn, repeats: int, device: str):
-    """Median wall time of fn() over `repeats` runs after one warm-up, and fn()'s last result."""
-    out = fn()
+def measure(fn, args) -> dict:
+    """FLOPs of one fn() and, off the meta device, the median wall time of `repeats` runs after one warm-up and
+    (CUDA) the peak memory. Returns {flops, seconds, peak_gib, out}."""
+    cuda = args.device.startswith("cuda")
+    with FlopCounterMode(display=False) as counter:
+        out = fn()
+    row = dict(flops=counter.get_total_flops(), seconds=None, peak_gib=None, out=out)
+    if args.device == "meta":
+        return row
     times = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(args.repeats):
         start = time.perf_counter()
         out = fn()
-        if device.startswith("cuda"):
+        if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+    row.update(seconds=statistics.median(times), out=out)
+    if cuda:
+        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
 
 
-def bench_batch(args, n: int) -> list[dict]:
-    transformer, scheduler, cond, shape = build(args.size, args.device, args.dtype, n, args.guidance)
-    sigmas, timesteps = S.sigma_grid(scheduler, args.steps)
+def bench_batch(pipe, cfg: train.Config, args, n: int) -> list[dict]:
+    sigmas, timesteps = S.sigma_grid(pipe.scheduler, args.steps)
+    shape = S.latent_shape(pipe, args.resolution)
+    kind = args.device.split(":")[0]
+    autocast = (lambda: torch.autocast(kind, dtype=args.dtype)) if args.dtype != torch.float32 and kind != "meta" \
+        else contextlib.nullcontext
+    with autocast():
+        cond = S.encode_prompts(pipe, ["a photo of four books"], args.guidance, args.max_sequence_length).repeat(n)
 
-    def run(complete: bool, naive: bool):
+    def rollout(complete: bool, naive: bool = False):
         gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(n)])
         x_T = S.draw_noise(gens, shape, args.device)  # (n, C, H, W)
-        ro = S.rollout(transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level, "cps",
-                       args.guidance, complete=complete, chunk_size=args.chunk_size)
-        counter = S.EvalCounter(ro.counter.evals, ro.counter.calls)
-        if naive:
-            S.complete_naive(transformer, ro, cond, args.guidance, counter)
-        return counter
+        with autocast():
+            ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
+                           "cps", args.guidance, complete=complete, chunk_size=args.chunk_size)
+            counter = S.EvalCounter(ro.counter.evals, ro.counter.calls)
+            if naive:
+                S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter)
+        return counter, ro
 
     rows = []
     for name, complete, naive in [("(a) Flow-GRPO rollout", False, False),
                                   ("(b) TP-GRPO, demo-code layout", False, True),
                                   ("(c) TP-GRPO, batched wavefront", True, False)]:
-        seconds, counter = timed(lambda: run(complete, naive), args.repeats, args.device)
-        rows.append(dict(batch=n, layout=name, evals=counter.evals / n, calls=counter.calls, seconds=seconds))
-    return rows
+        row = measure(lambda: rollout(complete, naive), args)
+        counter, ro = row.pop("out")
+        rows.append(dict(row, layout=name, evals=counter.evals / n, calls=counter.calls))
+
+    # the VAE as train.py runs it (float32), and a bf16 copy of it for comparison
+    vae_bf16 = types.SimpleNamespace(vae=copy.deepcopy(pipe.vae).bfloat16())
+    for name, holder in [("(d) decode, VAE float32", pipe), ("(d') decode, VAE bf16", vae_bf16)]:
+        row = measure(lambda: S.decode(holder, ro.final), args)
+        rows.append(dict(row, layout=name, evals=None, calls=None, out=None))
+
+    params = [p for p in pipe.transformer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr)
+
+    @torch.enable_grad()
+    def train_step():
+        pipe.transformer.train()
+        for k in range(cfg.window):
+            t = timesteps[k].expand(n)  # (n,)
+            loss, _, _ = train.window_step_loss(
+                pipe.transformer, lambda: train.reference_policy(pipe.transformer), ro.states[:, k],
+                ro.states[:, k + 1], t, cond, sigmas[k], sigmas[k + 1], ro.log_probs[:, k],
+                torch.randn(n, device=args.device), cfg, autocast=autocast)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        pipe.transformer.eval()
+
+    row = measure(train_step, args)
+    rows.append(dict(row, layout=f"(e) training step, {cfg.window} steps", evals=None, calls=None))
+    return [dict(r, batch=n) for r in rows]
 
 
-def main():
+def _cell(value, fmt: str, width: int) -> str:
+    return f"{'-' if value is None else format(value, fmt):>{width}}"
+
+
+def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=["tiny", "sd35m"], default="tiny", help="tiny pipeline or SD3.5-M-sized")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="transformer precision")
+    p.add_argument("--size", choices=["tiny", S.RANDOM_SD35M], default="tiny",
+                   help="the tiny pipeline (16 px) or SD3.5-M's shapes with random weights (512 px)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | meta (shapes and FLOPs only, nothing allocated)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="weights and autocast (the VAE decodes in float32 regardless, as in train.py)")
     p.add_argument("--batches", type=int, nargs="+", default=[8, 24], help="trajectories per rollout batch (n)")
     p.add_argument("--steps", type=int, default=10, help="T, sampling steps")
     p.add_argument("--window", type=int, default=9, help="W, SDE window length (w0 = 0)")
     p.add_argument("--guidance", type=float, default=4.5, help="CFG scale w (> 1 turns CFG on)")
     p.add_argument("--noise-level", type=float, default=0.7, help="a, the CPS noise level")
     p.add_argument("--chunk-size", type=int, default=None, help="cap on images per transformer call in (c)")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in (e)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median reported)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    args.resolution = 16 if args.size == "tiny" else 512
+    args.max_sequence_length = 32 if args.size == "tiny" else 128
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda but torch sees no GPU; use --device cpu, or --device meta for FLOPs only")
     torch.set_grad_enabled(False)
+    pipe, cfg = build(args)
 
-    print(f"size={args.size} device={args.device} T={args.steps} W={args.window} w0=0 CFG={args.guidance}")
-    print(f"{'batch':>5}  {'layout':<32} {'evals/traj':>10} {'calls':>6} {'seconds':>9}")
+    print(f"size={args.size} device={args.device} dtype={str(args.dtype)[6:]} T={args.steps} W={args.window} w0=0 "
+          f"CFG={args.guidance} {args.resolution} px, transformer "
+          f"{sum(q.numel() for q in pipe.transformer.parameters()) / 1e9:.3g}B parameters with LoRA")
+    print(f"{'batch':>5}  {'phase':<34} {'evals/traj':>10} {'calls':>6} {'seconds':>9} {'TFLOP':>9} {'TFLOP/s':>8} "
+          f"{'peak GiB':>8}")
+    results = []
     for n in args.batches:
-        rows = bench_batch(args, n)
+        rows = bench_batch(pipe, cfg, args, n)
         for r in rows:
-            print(f"{r['batch']:>5}  {r['layout']:<32} {r['evals']:>10.0f} {r['calls']:>6} {r['seconds']:>9.3f}")
-        a, b, c = (r["seconds"] for r in rows)
-        print(f"{n:>5}  {'ratio b/c (batching speed-up)':<32} {rows[1]['evals'] / rows[2]['evals']:>10.2f} "
-              f"{rows[1]['calls'] / rows[2]['calls']:>6.1f} {b / c:>9.2f}")
-        print(f"{n:>5}  {'ratio c/a (cost of TP credit)':<32} {rows[2]['evals'] / rows[0]['evals']:>10.2f} "
-              f"{rows[2]['calls'] / rows[0]['calls']:>6.1f} {c / a:>9.2f}")
+            rate = r["flops"] / 1e12 / r["seconds"] if r["seconds"] else None
+            print(f"{n:>5}  {r['layout']:<34} {_cell(r['evals'], '.0f', 10)} {_cell(r['calls'], 'd', 6)} "
+                  f"{_cell(r['seconds'], '.3f', 9)} {r['flops'] / 1e12:>9.4g} {_cell(rate, '.3g', 8)} "
+                  f"{_cell(r['peak_gib'], '.1f', 8)}")
+        a, b, c = rows[:3]
+        for label, x, y in [("ratio b/c (batching speed-up)", b, c), ("ratio c/a (cost of TP credit)", c, a)]:
+            seconds = x["seconds"] / y["seconds"] if x["seconds"] else None
+            print(f"{n:>5}  {label:<34} {x['evals'] / y['evals']:>10.2f} {x['calls'] / y['calls']:>6.1f} "
+                  f"{_cell(seconds, '.2f', 9)} {x['flops'] / y['flops']:>9.2f}")  # FLOP ratio
+        results += rows
+    return results
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def _f(default, help: str):
 @dataclass(frozen=True)
 class Config:
     task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, SPEC 7) | tiny (CPU toy world)")
-    model: str = _f(S.SD35_MEDIUM, "SD3 pipeline: hub id, local folder, or 'tiny' (random weights)")
+    model: str = _f(S.SD35_MEDIUM, "SD3 pipeline: hub id, local folder, 'tiny' or 'random-sd35m' (SD3.5-M's "
+                                   "shapes; both random weights built in code, no download)")
     algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
     tp_rule: str = _f("strict", "turning-point rule: strict (Def. 5.1, 'w/ constraint') | base (Def. 4.1)")
     rewards: str = _f("pickscore:1", "reward models with weights, 'name:w,name:w' (rewards.py)")
@@ -250,26 +251,28 @@ class EMA:
             p.copy_(s)
             s.copy_(tmp)
 
-    def state_dict(self):
-        return {"steps": self.steps, "shadow": [s.cpu() for s in self.shadow]}
+    def save(self, path: str):
+        """The shadow weights and the step counter as safetensors (no pickle: loading it runs no code)."""
+        import safetensors.torch
+        tensors = {f"shadow.{i}": s.detach().cpu().contiguous() for i, s in enumerate(self.shadow)}
+        safetensors.torch.save_file({**tensors, "steps": torch.tensor(self.steps)}, path)
 
-    def load_state_dict(self, state):
-        self.steps = state["steps"]
-        for s, t in zip(self.shadow, state["shadow"]):
-            s.copy_(t)
+    def load(self, path: str):
+        import safetensors.torch
+        state = safetensors.torch.load_file(path)
+        if len(state) != len(self.shadow) + 1:
+            raise ValueError(f"{path} holds {len(state) - 1} EMA tensors, this model has {len(self.shadow)} "
+                             f"trainable ones; resume with the configuration it was trained with")
+        self.steps = int(state["steps"])
+        for i, s in enumerate(self.shadow):
+            s.copy_(state[f"shadow.{i}"])
 
 
 @dataclass
 class Progress:
-    """The loop's position, saved with accelerate's state so --resume continues exactly."""
+    """The loop's position, saved as progress.json in every checkpoint so --resume continues exactly."""
 
     iteration: int = 0
-
-    def state_dict(self):
-        return {"iteration": self.iteration}
-
-    def load_state_dict(self, state):
-        self.iteration = state["iteration"]
 
 
 @contextlib.contextmanager
@@ -280,6 +283,27 @@ def reference_policy(transformer):
         yield transformer
     finally:
         transformer.enable_adapters()
+
+
+def window_step_loss(policy, reference, x, x_next, t, cond, sigma, sigma_next, logp_old, adv, cfg: Config,
+                     mask=None, autocast=contextlib.nullcontext):
+    """Section 5's work for one window step of a micro-batch of b rows: log p_theta of the stored next states
+    x_next (b, C, H, W) under `policy` (with grad), the reference policy's step mean when beta > 0 (`reference()`
+    is a context manager yielding the reference model), and grpo.grpo_loss. Returns (loss, stats, log_prob (b,)).
+    """
+    with autocast():  # bf16 base weights with float32 LoRA weights
+        v = S.velocity(policy, x, t, cond, cfg.guidance)  # (b, C, H, W), with grad
+    # log p_theta of the STORED next sample under the current policy (SPEC 2)
+    out = S.sde_step(x, v, sigma, sigma_next, cfg.noise_level, cfg.sampler, next_sample=x_next)
+    ref_mean = None
+    if cfg.beta > 0:
+        with torch.no_grad(), reference() as ref, autocast():
+            v_ref = S.velocity(ref, x, t, cond, cfg.guidance)  # (b, C, H, W)
+        ref_mean = S.sde_step(x, v_ref, sigma, sigma_next, cfg.noise_level, cfg.sampler,
+                              next_sample=x_next).mean  # (b, C, H, W)
+    loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, out.mean, ref_mean, out.std_kl, cfg.clip_range,
+                                 cfg.beta, mask=mask)
+    return loss, stats, out.log_prob
 
 
 def lora_state_dict(transformer) -> dict[str, torch.Tensor]:
@@ -335,6 +359,9 @@ def find_checkpoint(cfg: Config) -> str:
     if not os.path.isfile(os.path.join(path, "progress.json")):
         sys.exit(f"error: '{path}' is not a training checkpoint (no progress.json); pass a folder "
                  f"output_dir/checkpoints/iter-NNNNNN written by train.py")
+    if cfg.ema_decay > 0 and not os.path.isfile(os.path.join(path, "ema.safetensors")):
+        sys.exit(f"error: '{path}' has no ema.safetensors (trained with EMA off, or by an older train.py); "
+                 f"resume with the --ema-decay it was trained with")
     return path
 
 
@@ -353,8 +380,10 @@ def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progres
             ema.swap()
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(cfg), f, indent=1)
+        if ema is not None:
+            ema.save(os.path.join(tmp, "ema.safetensors"))
         with open(os.path.join(tmp, "progress.json"), "w") as f:
-            json.dump(progress.state_dict(), f)
+            json.dump(dataclasses.asdict(progress), f)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
@@ -501,9 +530,17 @@ def main(cfg: Config) -> dict:
     _trainable_only_hooks(accelerator)
     transformer, optimizer = accelerator.prepare(transformer, optimizer)
     model = accelerator.unwrap_model(transformer)  # sampling and the reference pass need no DDP sync
-    accelerator.register_for_checkpointing(progress, *([ema] if ema else []))
+    reference = (lambda: reference_policy(model)) if ref_model is None else (lambda: contextlib.nullcontext(ref_model))
     if resume_from:
+        # accelerate's state (trainable weights as safetensors; optimizer, RNG states as pickles), then ours:
+        # progress.json and ema.safetensors, not accelerate's pickled custom state
         accelerator.load_state(resume_from)
+        progress.iteration = json.load(open(os.path.join(resume_from, "progress.json")))["iteration"]
+        if ema is not None:
+            try:
+                ema.load(os.path.join(resume_from, "ema.safetensors"))
+            except ValueError as e:
+                sys.exit(f"error: {e}")
         accelerator.print(f"resumed from {resume_from} at iteration {progress.iteration}")
     if accelerator.is_main_process:
         os.makedirs(cfg.output_dir, exist_ok=True)
@@ -637,21 +674,10 @@ def main(cfg: Config) -> dict:
                 c = cond_all.rows(rows.to(accelerator.device))
                 t = timesteps[i].expand(rows.numel())  # (b,)
                 with accelerator.accumulate(transformer):
-                    with accelerator.autocast():
-                        v = S.velocity(transformer, x, t, c, cfg.guidance)  # (b, C, H, W), with grad
-                    # log p_theta of the STORED next sample under the current policy (SPEC 2)
-                    out = S.sde_step(x, v, sigmas[i], sigmas[i + 1], cfg.noise_level, cfg.sampler,
-                                     next_sample=x_next)
-                    ref_mean = None
-                    if cfg.beta > 0:
-                        off = reference_policy(model) if ref_model is None else contextlib.nullcontext()
-                        with torch.no_grad(), off, accelerator.autocast():
-                            v_ref = S.velocity(ref_model or model, x, t, c, cfg.guidance)  # (b, C, H, W)
-                        ref_mean = S.sde_step(x, v_ref, sigmas[i], sigmas[i + 1], cfg.noise_level, cfg.sampler,
-                                              next_sample=x_next).mean  # (b, C, H, W)
-                    loss, stats = grpo.grpo_loss(out.log_prob, logp_old[rows, k], adv_mine[rows, k], out.mean,
-                                                 ref_mean, out.std_kl, cfg.clip_range, cfg.beta,
-                                                 mask=None if mask is None else mask[rows].to(accelerator.device))
+                    loss, stats, log_prob = window_step_loss(
+                        transformer, reference, x, x_next, t, c, sigmas[i], sigmas[i + 1], logp_old[rows, k],
+                        adv_mine[rows, k], cfg, None if mask is None else mask[rows].to(accelerator.device),
+                        accelerator.autocast)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
                         norm = accelerator.clip_grad_norm_(params, cfg.max_grad_norm)  # DeepSpeed may return None
@@ -665,7 +691,7 @@ def main(cfg: Config) -> dict:
                     for key, val in {**stats, "loss": loss.detach(), "rows": 1.0}.items():
                         into[key] = into.get(key, 0.0) + float(val) * counted
                 if mb == 0:  # max |rho - 1| over all its rows (counted or not): the on-policy check of the numerics
-                    rho = torch.exp(out.log_prob.detach() - logp_old[rows, k])  # (b,)
+                    rho = torch.exp(log_prob.detach() - logp_old[rows, k])  # (b,)
                     first_dev = max(first_dev, float((rho - 1).abs().max()))
         timer["train"] = time.perf_counter() - start
         progress.iteration = it + 1

@@ -167,6 +167,13 @@ def test_resume_is_bit_exact(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sub
     history = [json.loads(line)["iteration"] for line in open(os.path.join(split, "metrics.jsonl"))]
     assert history == [1, 2, 3, 4]
+    # the loop's own state is safetensors / JSON; accelerate's optimizer and RNG states are the only pickles
+    folder = os.path.join(split, "checkpoints", "iter-000002")
+    files = set(os.listdir(folder))
+    assert {"ema.safetensors", "progress.json", "model.safetensors", "lora", "lora_ema"} <= files
+    assert {f for f in files if f.endswith((".pkl", ".bin", ".pt"))} == {"optimizer.bin", "random_states_0.pkl"}
+    assert json.load(open(os.path.join(folder, "progress.json"))) == {"iteration": 2}
+    assert int(load_file(os.path.join(folder, "ema.safetensors"))["steps"]) == 2 * 2  # 2 updates per iteration
 
 
 def _launch_two(script_and_args, timeout=300):
@@ -276,6 +283,9 @@ def test_bad_prompts_and_model(tmp_path, capsys):
 def test_unreadable_checkpoints(tmp_path, capsys):
     _fails(tmp_path, capsys, ["--resume", str(tmp_path / "nowhere")], "is not a training checkpoint")
     _fails(tmp_path, capsys, ["--resume", "latest"], "found no checkpoint")
+    (tmp_path / "no_ema").mkdir()
+    (tmp_path / "no_ema" / "progress.json").write_text('{"iteration": 1}')
+    _fails(tmp_path, capsys, ["--resume", str(tmp_path / "no_ema"), "--ema-decay", "0.9"], "has no ema.safetensors")
     (tmp_path / "junk").mkdir()
     args = ["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1"]
     _fails(tmp_path, capsys, args + ["--checkpoint", str(tmp_path / "junk")], "cannot read checkpoint",

@@ -1,0 +1,33 @@
+"""bench.py end to end: the tiny pipeline timed on the CPU, and SD3.5-M's shapes (random-sd35m) on the meta
+device, where nothing is allocated and only FLOPs are counted (the CPU-safe check of the GPU benchmark)."""
+
+import pytest
+
+import bench
+
+
+def _rows(results):
+    return {r["layout"].split()[0]: r for r in results}
+
+
+def test_tiny_bench_times_and_counts_every_phase():
+    rows = _rows(bench.main(["--batches", "4", "--repeats", "1"]))
+    assert [rows[k]["evals"] for k in ("(a)", "(b)", "(c)")] == [10, 64, 55]  # T = 10, W = 9
+    assert all(r["seconds"] > 0 and r["flops"] > 0 for r in rows.values())
+    # FLOPs grow with evaluations exactly: 55 / 10 for the wavefront's completions
+    assert rows["(c)"]["flops"] / rows["(a)"]["flops"] == pytest.approx(5.5, rel=1e-9)
+    # a training step: W steps of policy forward + reference forward + backward, vs T forward steps
+    assert 2 * 9 / 10 < rows["(e)"]["flops"] / rows["(a)"]["flops"] < 5 * 9 / 10
+
+
+def test_random_sd35m_on_the_meta_device_counts_flops_without_weights():
+    rows = _rows(bench.main(["--size", "random-sd35m", "--device", "meta", "--dtype", "bf16", "--batches", "1",
+                             "--steps", "2", "--window", "1"]))
+    assert all(r["seconds"] is None and r["flops"] > 0 for r in rows.values())
+    # T = 2, W = 1: the demo layout adds a pure-ODE run for R_0 (2); the wavefront one branch step from s_0 (1)
+    assert [rows[k]["evals"] for k in ("(a)", "(b)", "(c)")] == [2, 4, 3]
+    # one 512 px image through SD3.5-M's transformer: ~2 x 2.2B weights x (1024 image + 205 text tokens), shared
+    # between the two streams, plus attention: about 2.2 TFLOP (a CFG pair is two images)
+    per_image = rows["(a)"]["flops"] / (2 * 2)
+    assert 2.0e12 < per_image < 2.6e12
+    assert rows["(d)"]["flops"] == rows["(d')"]["flops"] > 2e12  # decoding one 512 px image costs as much again
