@@ -176,6 +176,8 @@ OCR_DENOMINATORS = ("flow-grpo", "demo")
 
 def ocr_target(prompt):
     """Text between the first pair of double quotes; the whole prompt if it has none (as Flow-GRPO's OcrScorer)."""
+    # DEVIATION: with a single, unpaired quote the demo code takes the text after it; we take the whole prompt,
+    # because an unpaired quote marks no text to render (the official prompt sets always pair them)
     parts = prompt.split('"')
     return parts[1] if len(parts) >= 3 else prompt
 

@@ -511,6 +511,10 @@ def main(cfg: Config) -> dict:
     try:
         train_prompts, train_meta = load_prompt_set(cfg.prompts)
         eval_prompts, eval_meta = load_prompt_set(cfg.eval_prompts)
+        # DEVIATION: the demo code keeps the transformer's weights in float32 and computes under fp16 autocast
+        # (accelerate's prepared forward); we store the frozen base in the autocast dtype (bf16 by default), because
+        # that halves the weights' memory and bf16 cannot overflow where fp16 can. The VAE decodes in float32 and
+        # the timestep enters the transformer in float32 in both (sampler.load_pipeline, sampler.velocity).
         weight_dtype = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision]
         pipe = S.load_pipeline(cfg.model, weight_dtype, accelerator.device)
         reward_fn = rewards.load_rewards(parse_weights(cfg.rewards), accelerator.device,
