@@ -159,7 +159,12 @@ def main(argv: list[str] | None = None):
     args.max_sequence_length = 32 if args.size == "tiny" else 128
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but torch sees no GPU; use --device cpu, or --device meta for FLOPs only")
-    torch.set_grad_enabled(False)
+    with torch.no_grad():  # the training phase turns gradients on for itself
+        return run(args)
+
+
+def run(args) -> list[dict]:
+    """Build, then print one table block per batch size; returns every row."""
     pipe, cfg = build(args)
 
     print(f"size={args.size} device={args.device} dtype={str(args.dtype)[6:]} T={args.steps} W={args.window} w0=0 "

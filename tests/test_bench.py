@@ -2,6 +2,7 @@
 device, where nothing is allocated and only FLOPs are counted (the CPU-safe check of the GPU benchmark)."""
 
 import pytest
+import torch
 
 import bench
 
@@ -12,6 +13,7 @@ def _rows(results):
 
 def test_tiny_bench_times_and_counts_every_phase():
     rows = _rows(bench.main(["--batches", "4", "--repeats", "1"]))
+    assert torch.is_grad_enabled()  # the benchmark leaves the global autograd mode as it found it
     assert [rows[k]["evals"] for k in ("(a)", "(b)", "(c)")] == [10, 64, 55]  # T = 10, W = 9
     assert all(r["seconds"] > 0 and r["flops"] > 0 for r in rows.values())
     # FLOPs grow with evaluations exactly: 55 / 10 for the wavefront's completions
