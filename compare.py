@@ -1,16 +1,16 @@
-"""Experiments in the toy world (toyworld.py): Flow-GRPO vs TP-GRPO vs the incremental-only ablation over seeds,
-and the pictures of turning points the README shows next to the method.
+"""Experiments in the toy world (toyworld.py): Flow-GRPO vs TP-GRPO (strict and base rule) vs the incremental-only
+ablation over seeds, and the pictures of turning points the README shows next to the method.
 
-  python compare.py run --seeds 0 1 2          # 3 algorithms x 3 seeds of `train.py --task tiny` (same budget each)
-  python compare.py report                     # docs/compare_*.png and the markdown table (also printed)
+  python compare.py run --seeds 0 1 2          # 4 methods x 3 seeds of `train.py --task tiny` (same budget each)
+  python compare.py report                     # docs/compare_curves.png and the markdown table (also printed)
   python compare.py figures                    # docs/turning_points.png and docs/filmstrip.png
 
-`run` trains each (algorithm, seed) with the tiny preset's defaults, changing nothing but --algo and --seed, so no
-method gets settings of its own. `report` reads every run's metrics.jsonl: the training reward (mean R_sde of the
-iteration's trajectories) against iterations and against transformer evaluations (mean +- std over seeds), and
-a table with the final held-out score and strict accuracy (standard errors over seeds), the change's paired
-standard error over the evaluation images, the change in units of the larger of the two SEs, and the iterations
-and evaluations each method needs to reach Flow-GRPO's final training reward.
+`run` trains each (method, seed) with the tiny preset's defaults, changing nothing but --algo / --tp-rule and
+--seed, so no method gets settings of its own (extra flags after `--` go to every run alike). `report` reads
+every finished run: the training reward (5-iteration mean of R_sde) and the held-out score before and after,
+against iterations, transformer evaluations and wall seconds (mean +- SE over seeds), and a table with the
+held-out change (SE over seeds and paired SE over the evaluation images), strict accuracy, turning-point rates,
+and the iterations, evaluations and seconds each method needs to reach Flow-GRPO's final training reward.
 
 Shape legend (figures): G group members, W window steps, R (G, W+1) completion rewards, C/H/W pixels.
 """
@@ -24,42 +24,47 @@ import os
 
 import torch
 
-ALGOS = ("flow-grpo", "tp-grpo", "incremental")
-COLORS = {"flow-grpo": "tab:gray", "tp-grpo": "tab:red", "incremental": "tab:blue"}
+# every method is `train.py --task tiny` plus these flags and nothing else
+METHODS = {"flow-grpo": ["--algo", "flow-grpo"], "tp-grpo": ["--algo", "tp-grpo", "--tp-rule", "strict"],
+           "tp-grpo-base": ["--algo", "tp-grpo", "--tp-rule", "base"], "incremental": ["--algo", "incremental"]}
+COLORS = {"flow-grpo": "tab:gray", "tp-grpo": "tab:red", "tp-grpo-base": "tab:orange", "incremental": "tab:blue"}
+SCORE = "eval/reward"  # the held-out score: the preset's reward on the held-out images
 
 
 def run(args) -> None:
     import train
-    for algo in args.algos:
+    for method in args.methods:
         for seed in args.seeds:
-            out = os.path.join(args.out, f"{algo}-seed{seed}")
+            out = os.path.join(args.out, f"{method}-seed{seed}")
             if os.path.exists(os.path.join(out, "process_checksums.json")) and not args.force:
                 print(f"skip {out} (done; --force reruns)")
                 continue
-            argv = ["--task", "tiny", "--algo", algo, "--seed", str(seed), "--output-dir", out, "--report-to",
+            argv = ["--task", "tiny", *METHODS[method], "--seed", str(seed), "--output-dir", out, "--report-to",
                     "none", *args.train_args]
             print("python train.py " + " ".join(argv))
             train.main(train.parse_config(argv))
 
 
-def _finished(out: str, algo: str) -> list[str]:
-    """The run folders of `algo` that completed (their final evaluation is written)."""
+def _finished(out: str, method: str) -> list[str]:
+    """The run folders of `method` that completed (their final evaluation is written)."""
     return [os.path.join(out, n) for n in sorted(os.listdir(out))
-            if n.rsplit("-seed", 1)[0] == algo and os.path.exists(os.path.join(out, n, "eval_after.json"))]
+            if n.rsplit("-seed", 1)[0] == method and os.path.exists(os.path.join(out, n, "eval_after.json"))]
 
 
-def _load(out: str) -> dict[str, list[list[dict]]]:
-    """{algo: [rows of metrics.jsonl for each finished seed]}."""
+def _load(out: str) -> dict[str, list[dict]]:
+    """{method: [{"rows": metrics.jsonl rows, "before": eval_before.json, "after": eval_after.json} per seed]}."""
     runs = {}
-    for algo in ALGOS:
-        for folder in _finished(out, algo):
-            runs.setdefault(algo, []).append([json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))])
+    for method in METHODS:
+        for folder in _finished(out, method):
+            runs.setdefault(method, []).append(
+                {"rows": [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))],
+                 **{tag: json.load(open(os.path.join(folder, f"eval_{tag}.json"))) for tag in ("before", "after")}})
     return runs
 
 
-def _curve(rows_per_seed: list[list[dict]], key: str) -> torch.Tensor:
-    n = min(len(r) for r in rows_per_seed)
-    return torch.tensor([[row[key] for row in rows[:n]] for rows in rows_per_seed])  # (seeds, iterations)
+def _curve(seeds: list[dict], key: str) -> torch.Tensor:
+    n = min(len(r["rows"]) for r in seeds)
+    return torch.tensor([[row.get(key, float("nan")) for row in r["rows"][:n]] for r in seeds])  # (seeds, its)
 
 
 def _smooth(x: torch.Tensor, k: int = 5) -> torch.Tensor:
@@ -70,78 +75,80 @@ def _smooth(x: torch.Tensor, k: int = 5) -> torch.Tensor:
     return (c[:, idx] - c[:, lo]) / (idx - lo)
 
 
+def _se(x: torch.Tensor) -> torch.Tensor:
+    """Standard error over seeds (dim 0); 0 for a single seed."""
+    return x.std(0) / math.sqrt(x.shape[0]) if x.shape[0] > 1 else torch.zeros_like(x[0])
+
+
+def _costs(seeds: list[dict]) -> dict[str, torch.Tensor]:
+    """Cumulative cost after each iteration, mean over seeds: {"iteration", "evaluations", "seconds"} (its,)."""
+    seconds = sum(_curve(seeds, f"time/{k}_s") for k in ("sample", "reward", "train"))  # (seeds, its)
+    its = _curve(seeds, "iteration")[0]
+    return {"iteration": its, "evaluations": torch.cumsum(_curve(seeds, "cost/transformer_evals")[0], 0),
+            "seconds": torch.cumsum(seconds, 1).mean(0)}
+
+
 def report(args) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     runs = _load(args.out)
     if "flow-grpo" not in runs:
-        raise SystemExit(f"error: no flow-grpo runs under {args.out}; run `python compare.py run` first")
+        raise SystemExit(f"error: no finished flow-grpo runs under {args.out}; run `python compare.py run` first")
     os.makedirs(args.docs, exist_ok=True)
-    for xkey, fname, xlabel in [("iteration", "compare_iterations.png", "iteration"),
-                                ("cost/transformer_evals", "compare_evals.png", "transformer evaluations")]:
-        fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=120)
-        for algo in ALGOS:
-            if algo not in runs:
-                continue
-            y = _smooth(_curve(runs[algo], "reward/mean"))  # (seeds, iterations)
-            x = _curve(runs[algo], xkey)[0]
-            if xkey != "iteration":
-                x = torch.cumsum(x, 0)
-            m, s = y.mean(0), y.std(0) if y.shape[0] > 1 else torch.zeros_like(y[0])
-            ax.plot(x, m, color=COLORS[algo], label=f"{algo} ({y.shape[0]} seeds)")
-            ax.fill_between(x, m - s, m + s, color=COLORS[algo], alpha=0.2)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), dpi=110, sharey=True)
+    for ax, (xkey, xlabel) in zip(axes, [("iteration", "iteration"), ("evaluations", "transformer evaluations"),
+                                         ("seconds", "wall seconds (sampling + rewards + training)")]):
+        for method, seeds in runs.items():
+            y = _smooth(_curve(seeds, "reward/mean"))  # (seeds, its)
+            x = _costs(seeds)[xkey]  # (its,)
+            m, se = y.mean(0), _se(y)
+            ax.plot(x, m, color=COLORS[method], label=f"{method} training reward ({y.shape[0]} seeds)")
+            ax.fill_between(x, m - se, m + se, color=COLORS[method], alpha=0.2)
+            # held-out score before (cost 0) and after (the whole run's cost), +- SE over seeds
+            held = torch.tensor([[r["before"][SCORE], r["after"][SCORE]] for r in seeds])  # (seeds, 2)
+            ax.errorbar([0, x[-1]], held.mean(0), yerr=_se(held), fmt="o--", color=COLORS[method], capsize=3,
+                        ms=5, lw=1)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("training reward (5-iteration mean)")
         ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.docs, fname))
-        plt.close(fig)
+    axes[0].set_ylabel("toy score (lines: training, 5-it. mean; dots: held-out)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.docs, "compare_curves.png"))
+    plt.close(fig)
 
     target = _smooth(_curve(runs["flow-grpo"], "reward/mean"))[:, -1].mean().item()
-    lines = [f"| method | seeds | held-out before | held-out after | change (SE over seeds) | SE over images | "
-             f"change / SE | strict accuracy after | "
-             f"iterations to {target:.3f} | evaluations to {target:.3f} |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for algo in ALGOS:
-        if algo not in runs:
-            continue
-        evals = [[json.load(open(os.path.join(folder, f"eval_{tag}.json"))) for folder in _finished(args.out, algo)]
-                 for tag in ("before", "after")]
-
-        def stat(rows, key):
-            """mean over seeds +- its standard error over seeds (one seed: the evaluation's own SE)."""
-            v = torch.tensor([r[key] for r in rows])
-            se = v.std() / math.sqrt(len(v)) if len(v) > 1 else torch.tensor(rows[0][key + "_se"])
-            return v.mean().item(), se.item()
-
-        # the held-out score is the exact-count partial credit, also when training on the graded toy reward
-        key = "eval/toy_partial" if "eval/toy_partial" in evals[0][0] else "eval/reward"
-        # every seed starts from the same checkpoint and evaluation noise: "before" is one evaluation
-        b, b_se = evals[0][0][key], evals[0][0][key + "_se"]
-        a, a_se = stat(evals[1], key)
-        change = torch.tensor([y[key] - x[key] for x, y in zip(*evals)])  # (seeds,)
-        c_se = (change.std() / math.sqrt(len(change))).item() if len(change) > 1 else 0.0
+    lines = [f"| method | seeds | held-out before | held-out after | change +- SE over seeds | paired SE over images "
+             f"| change / SE | strict accuracy after | turning points (strict / base / kept) | to reach {target:.3f}: "
+             f"iterations / evaluations / seconds | seconds per run |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for method, seeds in runs.items():
+        before = seeds[0]["before"]  # every seed starts from the same checkpoint and evaluation noise
+        after = torch.tensor([r["after"][SCORE] for r in seeds])  # (seeds,)
+        change = after - torch.tensor([r["before"][SCORE] for r in seeds])  # (seeds,)
+        c_se = _se(change[:, None])[0].item()
         # Paired over images: all runs score the same images, so the seed-averaged change is also known image by
         # image; its SE over the M images says how far another draw of evaluation images could move it (the SE
-        # over seeds only sees training randomness). "-" for runs written before per-image values were saved.
-        name = key.removeprefix("eval/")
-        if all("per_image" in e for e in evals[0] + evals[1]):
-            after = torch.tensor([e["per_image"][name] for e in evals[1]])  # (seeds, M)
-            d = (after - torch.tensor(evals[0][0]["per_image"][name])).mean(0)  # (M,)
-            i_se = (d.std() / math.sqrt(d.numel())).item()
-            paired = f"{i_se:.3f} | {change.mean().item() / max(i_se, c_se, 1e-12):+.1f}"
-        else:
-            paired = "- | -"
-        s_mean, s_se = stat(evals[1], "eval/toy_strict")
-        y = _smooth(_curve(runs[algo], "reward/mean")).mean(0)  # (iterations,)
-        spent = torch.cumsum(_curve(runs[algo], "cost/transformer_evals")[0], 0)  # (iterations,)
+        # over seeds only sees training randomness).
+        name = SCORE.removeprefix("eval/")
+        per_image = torch.tensor([r["after"]["per_image"][name] for r in seeds]) - \
+            torch.tensor(before["per_image"][name])  # (seeds, M)
+        d = per_image.mean(0)  # (M,)
+        i_se = (d.std() / math.sqrt(d.numel())).item()
+        strict = torch.tensor([r["after"]["eval/toy_strict"] for r in seeds])  # (seeds,)
+        rates = [_curve(seeds, f"steps/{k}").nanmean().item() for k in ("tp_rate_strict", "tp_rate_base", "tp_kept")]
+        tps = "-" if method == "flow-grpo" else " / ".join(f"{100 * r:.1f}%" for r in rates)
+        y = _smooth(_curve(seeds, "reward/mean")).mean(0)  # (its,)
+        cost = _costs(seeds)
         reached = (y >= target).nonzero()
-        hit_it = f"{int(reached[0]) + 1}" if len(reached) else "not reached"
-        hit_ev = f"{int(spent[reached[0]]):,}" if len(reached) else "-"
-        lines.append(f"| {algo} | {len(change)} | {b:.3f} +- {b_se:.3f} | "
-                     f"{a:.3f} +- {a_se:.3f} | {change.mean():+.3f} +- {c_se:.3f} | {paired} | {s_mean:.3f} +- {s_se:.3f} | "
-                     f"{hit_it} | {hit_ev} |")
+        hit = "not reached" if not len(reached) else " / ".join(
+            [f"{int(cost['iteration'][reached[0]])}", f"{int(cost['evaluations'][reached[0]]):,}",
+             f"{float(cost['seconds'][reached[0]]):.0f}"])
+        # the whole run's wall time, evaluations included (train.py's time/elapsed_s at its last iteration)
+        run_s = torch.tensor([r["rows"][-1].get("time/elapsed_s", float("nan")) for r in seeds])  # (seeds,)
+        lines.append(f"| {method} | {len(seeds)} | {before[SCORE]:.3f} +- {before[SCORE + '_se']:.3f} | "
+                     f"{after.mean():.3f} +- {_se(after[:, None])[0]:.3f} | {change.mean():+.3f} +- {c_se:.3f} | "
+                     f"{i_se:.3f} | {change.mean().item() / max(i_se, c_se, 1e-12):+.1f} | "
+                     f"{strict.mean():.3f} +- {_se(strict[:, None])[0]:.3f} | {tps} | {hit} | {run_s.mean():.0f} |")
     table = "\n".join(lines)
     with open(os.path.join(args.docs, "compare_table.md"), "w") as f:
         f.write(table + "\n")
@@ -182,13 +189,12 @@ def figures(args) -> None:
 
     os.makedirs(args.docs, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=120)
-    jitter = torch.linspace(-0.015, 0.015, G)  # (G,) separates overlapping lines of a discrete reward
     for g in range(G):
-        y = R[g] + jitter[g]  # (W+1,)
+        y = R[g]  # (W+1,)
         ax.plot(range(W + 1), y, "-", color="tab:gray", alpha=0.6, lw=1)
         for k in kept[g].nonzero().flatten().tolist():  # step k+1 takes s_k to s_{k+1}
             ax.plot([k, k + 1], [y[k], y[k + 1]], "-", color="tab:red", lw=2.5)
-            ax.annotate(f"r_agg={r_agg[g, k]:+.1f}", (k + 1, float(y[k + 1])), fontsize=7, color="tab:red",
+            ax.annotate(f"r_agg={r_agg[g, k]:+.2f}", (k + 1, float(y[k + 1])), fontsize=7, color="tab:red",
                         xytext=(3, 4), textcoords="offset points")
     ax.set_xlabel("window state k  (R_0 = pure-ODE image of x_T, R_W = R_sde)")
     ax.set_ylabel("R_k = reward(ODE-complete(s_k))")
@@ -205,7 +211,7 @@ def figures(args) -> None:
     for k, ax in enumerate(axes):
         ax.imshow(strip[k].permute(1, 2, 0).numpy(), interpolation="nearest")
         mark = " *" if k > 0 and kept[g, k - 1] else ""
-        ax.set_title(f"R_{k}={R[g, k]:.1f}{mark}", fontsize=7, color="tab:red" if mark else "black")
+        ax.set_title(f"R_{k}={R[g, k]:.2f}{mark}", fontsize=7, color="tab:red" if mark else "black")
         ax.axis("off")
     fig.suptitle(f'trajectory {g}: ODE completion of every window state ("{prompt}"; * = turning point)',
                  fontsize=8)
@@ -218,9 +224,9 @@ def figures(args) -> None:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="train every (algorithm, seed) of the tiny task")
+    r = sub.add_parser("run", help="train every (method, seed) of the tiny task")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    r.add_argument("--algos", nargs="+", default=list(ALGOS), choices=ALGOS)
+    r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     r.add_argument("--force", action="store_true", help="rerun finished runs")
     r.add_argument("train_args", nargs="*", help="extra train.py flags for EVERY run (after --)")
     for s in sub.choices.values():

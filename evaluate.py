@@ -24,6 +24,7 @@ import math
 import os
 import sys
 
+import numpy as np
 import torch
 
 import sampler as S
@@ -36,7 +37,8 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     """Generate `samples` images (prompt i mod len, seed (EVAL_SEED, i)) split over processes, score them.
 
     Returns {"summary": {metric: mean, metric_std, metric_se}, "values": {metric: (M,)}, "images": this
-    process's images (m, 3, H', W')} with identical summaries on every process.
+    process's images (m, 3, H', W'), "index": their image indices (m,)} with identical summaries and values on
+    every process.
     """
     P, rank = (accelerator.num_processes, accelerator.process_index) if accelerator else (1, 0)
     per_proc = math.ceil(samples / P)
@@ -60,16 +62,37 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     keep = torch.zeros(samples, dtype=torch.long)
     keep[index] = torch.arange(index.numel())  # one row per image index: the padding duplicates drop out
     values = {k: v[keep] for k, v in values.items()}  # {metric: (M,)}
+    summary = summarize(values)
+    if "geneval_correct" in values:
+        import rewards
+        tags = [metadata[i % len(prompts)].get("tag", "") for i in range(samples)]
+        summary.update(rewards.geneval_summary(values["geneval_correct"], tags))
+    return {"summary": summary, "values": values, "images": images, "index": torch.tensor(mine)}
+
+
+def summarize(values: dict) -> dict:
+    """{metric: (M,) per-image values} -> {metric: mean, metric_std: population std, metric_se: SE of the mean}."""
     summary = {}
     for k, v in values.items():
         summary[k] = v.mean().item()
         summary[f"{k}_std"] = v.std(unbiased=False).item()
         summary[f"{k}_se"] = (v.std() / math.sqrt(v.numel())).item() if v.numel() > 1 else 0.0
-    if "geneval_correct" in values:
-        import rewards
-        tags = [metadata[i % len(prompts)].get("tag", "") for i in range(samples)]
-        summary.update(rewards.geneval_summary(values["geneval_correct"], tags))
-    return {"summary": summary, "values": values, "images": images}
+    return summary
+
+
+def paired_change(before: torch.Tensor, after: torch.Tensor) -> tuple[float, float]:
+    """Mean change of a per-image metric and its standard error from the paired differences (M,) -> (mean, SE).
+
+    Before and after score the same images (same prompts, same noise), so the SE of the change is that of the
+    per-image differences, std(after - before) / sqrt(M): what another draw of M evaluation images could move it.
+    """
+    d = after.double() - before.double()  # (M,)
+    return d.mean().item(), (d.std() / math.sqrt(d.numel())).item()
+
+
+def captions(prompts: list[str], index: torch.Tensor, values: torch.Tensor) -> list[str]:
+    """'prompt\\nscore 0.75' for the images `index` (m,) of an evaluation whose per-image metric is `values` (M,)."""
+    return [f"{prompts[i % len(prompts)]}\nscore {values[i]:.2f}" for i in index.tolist()]
 
 
 def per_image(values: dict) -> dict:
@@ -85,38 +108,63 @@ def format_summary(summary: dict) -> str:
                      for k in names)
 
 
-def save_grid(images: torch.Tensor, path: str, columns: int = 8):
-    """Images (M, 3, H, W) in [0, 1] -> one PNG grid (no torchvision); returns the grid (rows, cols, 3) uint8."""
-    from PIL import Image
+GRID_CELL = 128  # pixels: small images are enlarged (nearest neighbour) to at least this side in grids
+
+
+def save_grid(images: torch.Tensor, path: str, columns: int = 8, captions: list[str] | None = None):
+    """Images (M, 3, H, W) in [0, 1] -> one PNG grid (no torchvision); returns the grid (rows, cols, 3) uint8.
+
+    Images smaller than GRID_CELL are enlarged by an integer factor with nearest-neighbour sampling (32-pixel toy
+    images stay crisp and legible); `captions` (one per image, lines split at newlines) are written under each.
+    """
+    from PIL import Image, ImageDraw, ImageFont
     M, _, H, W = images.shape
+    scale = max(1, math.ceil(GRID_CELL / max(H, W)))
+    h, w = H * scale, W * scale
+    font = ImageFont.load_default(size=11)
+    text_h = 0 if captions is None else 14 * max(len(c.split("\n")) for c in captions) + 4
     rows = math.ceil(M / columns)
-    grid = torch.ones(3, rows * (H + 2), columns * (W + 2))  # (3, rows*(H+2), columns*(W+2)) white margins
+    cell_h, cell_w = h + text_h + 6, w + 6  # 3-pixel white margins
+    canvas = Image.new("RGB", (columns * cell_w, rows * cell_h), (255, 255, 255))
+    draw = ImageDraw.Draw(canvas)
+    pixels = (images.float().cpu().clamp(0, 1).permute(0, 2, 3, 1) * 255).round().to(torch.uint8).numpy()  # (M, H, W, 3)
     for i in range(M):
         r, c = divmod(i, columns)
-        grid[:, r * (H + 2) + 1:r * (H + 2) + 1 + H, c * (W + 2) + 1:c * (W + 2) + 1 + W] = images[i].float().cpu()
-    array = (grid.permute(1, 2, 0).clamp(0, 1) * 255).round().to(torch.uint8).numpy()  # (rows*(H+2), ..., 3)
+        x, y = c * cell_w + 3, r * cell_h + 3
+        canvas.paste(Image.fromarray(pixels[i]).resize((w, h), Image.NEAREST), (x, y))
+        if captions is not None:
+            draw.multiline_text((x, y + h + 2), captions[i], fill=(0, 0, 0), font=font, spacing=2)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    Image.fromarray(array).save(path)
-    return array
+    canvas.save(path)
+    return np.asarray(canvas)
 
 
-def plot_history(history_path: str, png: str) -> None:
-    """The training reward (mean over the iteration's trajectories) against iterations, from metrics.jsonl."""
+def plot_history(history_path: str, png: str, evals: dict | None = None) -> None:
+    """The training reward (mean over the iteration's trajectories) against iterations, from metrics.jsonl, with
+    the held-out score at every evaluation; `evals` {"before": summary, "after": summary} adds the first and last
+    held-out points with their standard errors as error bars."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     if not os.path.exists(history_path):
         return
     rows = [json.loads(line) for line in open(history_path)]
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=120)
-    ax.plot([r["iteration"] for r in rows], [r["reward/mean"] for r in rows], label="train reward (R_sde)")
-    ev = [r for r in rows if "eval/reward" in r]
-    if ev:
-        ax.plot([r["iteration"] for r in ev], [r["eval/reward"] for r in ev], "o-", label="held-out reward")
+    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=120)
+    ax.plot([r["iteration"] for r in rows], [r["reward/mean"] for r in rows], color="tab:gray", alpha=0.8,
+            label="training reward (R_sde, each iteration)")
+    points = [(r["iteration"], r["eval/reward"], r.get("eval/reward_se", 0.0)) for r in rows if "eval/reward" in r]
+    if evals and "before" in evals:
+        points.insert(0, (0, evals["before"]["eval/reward"], evals["before"]["eval/reward_se"]))
+    if points:
+        x, y, se = zip(*sorted(set(points)))
+        ax.errorbar(x, y, yerr=se, fmt="o-", color="tab:red", capsize=3, label="held-out score (+- SE)")
+        for xi, yi in ((x[0], y[0]), (x[-1], y[-1])):
+            ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(4, 6), fontsize=8,
+                        color="tab:red")
     ax.set_xlabel("iteration")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png)
     plt.close(fig)
@@ -200,7 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
                        "steps": steps, "guidance": guidance, **summary,
                        "per_image": per_image(result["values"])},
                       f, indent=1)
-        save_grid(result["images"][:32], os.path.join(out, "grid.png"))
+        save_grid(result["images"][:32], os.path.join(out, "grid.png"),
+                  captions=captions(prompts, result["index"][:32], result["values"]["reward"]))
         names = [k for k in summary if not k.endswith(("_std", "_se"))]
         print(f"{'metric':<28} {'mean':>10} {'std':>10} {'se':>10}   ({samples} images, {steps} steps, w={guidance})")
         for k in names:

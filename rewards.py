@@ -324,10 +324,9 @@ def _toy_loader(total: str, parts: tuple[str, ...]):
     return load
 
 
-# "toy": exact-count partial credit, the tiny task's reward; "toy_graded": the graded count term, with the
-# exact-count partial credit ("toy_partial", the held-out score) logged beside it
-load_toy = _toy_loader("partial", ("colour", "count", "strict"))
-load_toy_graded = _toy_loader("graded", ("partial", "colour", "count", "strict"))
+# "toy": the graded colour + count score (the tiny task's reward and held-out score), its terms and the strict
+# accuracy logged beside it
+load_toy = _toy_loader("score", ("colour", "count", "strict"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -628,7 +627,6 @@ REWARD_LOADERS = {
     "jpeg_compressibility": load_jpeg_compressibility,
     "jpeg_incompressibility": load_jpeg_incompressibility,
     "toy": load_toy,
-    "toy_graded": load_toy_graded,
 }
 
 

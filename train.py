@@ -39,6 +39,7 @@ import torch
 
 import grpo
 import sampler as S
+import toyworld
 import turning_points as tp
 
 
@@ -111,6 +112,9 @@ class Config:
     report_to: str = _f("tensorboard", "tensorboard | wandb | none")
 
 
+GRID_IMAGES = 32  # evaluation images shown in samples_<tag>.png
+# the shipped toy checkpoint, found from any working directory (outputs still go under the working directory)
+TOY_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_model")
 SD35M = dict(model=S.SD35_MEDIUM, resolution=512, steps=10, eval_steps=40, guidance=4.5, eval_guidance=4.5)
 PRESETS = {
     "pickscore": dict(SD35M, rewards="pickscore:1", prompts="dataset/pickscore_sfw/train.txt",
@@ -121,11 +125,12 @@ PRESETS = {
                     eval_prompts="dataset/geneval/test_metadata.jsonl", output_dir="runs/geneval"),
     # The toy world (toyworld.py): 32 px shapes, a programmatic colour+count reward, a ~0.6M-parameter
     # pixel-space SD3 pretrained to get colours right and counts wrong. Sized for 2 CPU cores.
-    "tiny": dict(model="toy_model", rewards="toy:1", prompts="toy:train", eval_prompts="toy:heldout",
-                 resolution=32, steps=10, eval_steps=10, guidance=1.0, eval_guidance=1.0, window=9,
-                 group_size=8, prompts_per_iter=4, sample_batch=32, train_batch=16, lr=1e-3,
-                 lora_rank=8, lora_alpha=16, mixed_precision="no", max_sequence_length=16, reward_batch=256,
-                 iterations=20, eval_every=0, eval_samples=192, save_every=0, output_dir="runs/tiny",
+    # T = 6 with a 5-step window from step 0 is the paper's FLUX.1-dev schedule; the held-out evaluation is the
+    # one the checkpoint ships values for (toyworld.HELDOUT_SETTINGS: 1024 images, fixed noise)
+    "tiny": dict(toyworld.HELDOUT_SETTINGS, model=TOY_MODEL, prompts="toy:train", steps=toyworld.STEPS,
+                 guidance=1.0, window=5, group_size=8, prompts_per_iter=4, sample_batch=32, train_batch=16,
+                 lr=1e-3, lora_rank=8, lora_alpha=16, mixed_precision="no", reward_batch=64,
+                 iterations=30, eval_every=0, save_every=0, output_dir="runs/tiny",
                  beta=0.0, clip_range=1e-4, ema_decay=0.0, report_to="tensorboard"),
 }
 
@@ -189,12 +194,11 @@ def parse_weights(spec: str) -> dict[str, float]:
 def load_prompt_set(spec: str):
     """(prompts, metadata) from a file, or from the toy world's caption grammar ('toy:train' / 'toy:test')."""
     if spec.startswith("toy:"):
-        import toyworld
         split = spec.split(":", 1)[1]
         if split == "train":  # every (count, colour, shape) caption; new noise every iteration
             metas = toyworld.all_metadata()
             return [toyworld.caption(m) for m in metas], metas
-        prompts, metas, _ = toyworld.dataset(split, 0, 192)  # the held-out evaluation set
+        prompts, metas, _ = toyworld.dataset(split, 0, toyworld.HELDOUT_SIZE)  # the held-out evaluation set
         return prompts, metas
     import rewards
     return rewards.load_prompts(spec)
@@ -390,6 +394,19 @@ def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progres
     return final
 
 
+def shipped_eval_before(cfg: Config) -> dict[str, torch.Tensor] | None:
+    """The base model's held-out values shipped beside it (toyworld.HELDOUT_EVAL, written by `python toyworld.py
+    pretrain`), when this run's evaluation settings are exactly the ones they were computed with; else None.
+    A run from iteration 0 starts from the base model (LoRA's B = 0), so its "before" evaluation IS these values."""
+    path = os.path.join(cfg.model, toyworld.HELDOUT_EVAL)
+    if not os.path.isfile(path):
+        return None
+    saved = json.load(open(path))
+    if any(getattr(cfg, k) != v for k, v in saved["settings"].items()):
+        return None
+    return {k: torch.tensor(v) for k, v in saved["per_image"].items()}  # {metric: (M,)}
+
+
 def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.Tensor:
     """B prompt indices for this iteration, the same on every process (without replacement when possible)."""
     g = torch.Generator().manual_seed(S.member_seed(seed, iteration, -1, 0))
@@ -481,6 +498,7 @@ def main(cfg: Config) -> dict:
     from accelerate import Accelerator, PartialState
     from accelerate.utils import parse_flag_from_env, set_seed
 
+    started = time.perf_counter()
     import evaluate
     import rewards
 
@@ -559,18 +577,37 @@ def main(cfg: Config) -> dict:
     complete = cfg.algo != "flow-grpo"  # Flow-GRPO only needs the final image
     history_path = os.path.join(cfg.output_dir, "metrics.jsonl")
 
-    def run_eval(tag: str) -> dict:
+    def run_eval(tag: str, shipped: dict | None = None) -> dict:
+        """Evaluate the (EMA) policy on the held-out set; `shipped`: known values of every image, of which only
+        the grid's first images are recomputed (and must agree, else the whole set is evaluated)."""
         if ema is not None:
             ema.swap()  # SPEC 7: the EMA weights are the ones evaluated
-        with accelerator.autocast():
-            result = evaluate.sample_and_score(pipe, eval_prompts, eval_meta, reward_fn, cfg.eval_samples,
-                                               cfg.eval_steps, cfg.eval_guidance, cfg.resolution,
-                                               cfg.max_sequence_length, cfg.reward_batch, accelerator)
+        for samples in ([GRID_IMAGES] if shipped else []) + [cfg.eval_samples]:
+            with accelerator.autocast():
+                result = evaluate.sample_and_score(pipe, eval_prompts, eval_meta, reward_fn, samples,
+                                                   cfg.eval_steps, cfg.eval_guidance, cfg.resolution,
+                                                   cfg.max_sequence_length, cfg.reward_batch, accelerator)
+            if shipped and torch.allclose(result["values"]["reward"], shipped["reward"][:samples], atol=1e-5):
+                result |= {"values": shipped, "summary": evaluate.summarize(shipped)}
+                accelerator.print(f"eval {tag}: the checkpoint's shipped values ({toyworld.HELDOUT_EVAL}; its first "
+                                  f"{samples} images recomputed and equal)")
+                break
+            if shipped:
+                accelerator.print(f"eval {tag}: {toyworld.HELDOUT_EVAL} disagrees with a fresh evaluation of its "
+                                  f"first {samples} images on this machine; evaluating all {cfg.eval_samples}")
+                shipped = None
         if ema is not None:
             ema.swap()
         summary = {f"eval/{k}": v for k, v in result["summary"].items()}
+        values[tag] = result["values"]
+        if "before" in values and tag != "before":  # the same images as before training: a paired comparison
+            change, change_se = evaluate.paired_change(values["before"]["reward"], result["values"]["reward"])
+            summary.update({"eval/change": change, "eval/change_se": change_se})
         if main_proc:
-            grid = evaluate.save_grid(result["images"][:32], os.path.join(cfg.output_dir, f"samples_{tag}.png"))
+            grid = evaluate.save_grid(result["images"][:GRID_IMAGES],
+                                      os.path.join(cfg.output_dir, f"samples_{tag}.png"),
+                                      captions=evaluate.captions(eval_prompts, result["index"][:GRID_IMAGES],
+                                                                 result["values"]["reward"]))
             for tracker in accelerator.trackers:  # the image grid next to the curves
                 if tracker.name == "tensorboard":
                     tracker.log_images({"eval/samples": grid[None]}, progress.iteration, dataformats="NHWC")
@@ -581,7 +618,8 @@ def main(cfg: Config) -> dict:
                            "per_image": evaluate.per_image(result["values"])}, f, indent=1)
         return summary
 
-    evals = {"before": run_eval("before")} if progress.iteration == 0 else {}
+    values = {}  # per-image evaluation values by tag, for the paired change
+    evals = {"before": run_eval("before", shipped_eval_before(cfg))} if progress.iteration == 0 else {}
     if main_proc and evals:
         accelerator.print("eval before: " + evaluate.format_summary(evals["before"]))
     if main_proc and progress.iteration == 0 and os.path.exists(history_path):
@@ -727,11 +765,14 @@ def main(cfg: Config) -> dict:
                 log[f"steps/tp_kept_{k + 1}"] = kept[:, k].float().mean().item()
             log["steps/tp_rate"] = detected.float().mean().item()
             log["steps/tp_kept"] = kept.float().mean().item()
+            for rule in tp.RULES:  # both rules' rates, whichever one trains: how often turning points happen
+                log[f"steps/tp_rate_{rule}"] = tp.detect_turning_points(R_all, rule).float().mean().item()
         if cfg.eval_every and progress.iteration % cfg.eval_every == 0 and progress.iteration < cfg.iterations:
             log.update(run_eval(f"iter{progress.iteration:06d}"))
         if progress.iteration == cfg.iterations:
             evals["after"] = run_eval("after")
             log.update(evals["after"])
+        log["time/elapsed_s"] = time.perf_counter() - started  # wall time of this call so far, evaluations included
         accelerator.log(log, step=progress.iteration)
         if main_proc:
             bar.set_postfix(reward=f"{log['reward/mean']:.3f}", loss=f"{train_stats['loss']:.3g}")
@@ -743,9 +784,13 @@ def main(cfg: Config) -> dict:
     # DDP keeps the processes' weights identical by construction; a fingerprint per process proves it
     sums = accelerator.gather(torch.tensor([params_checksum(params)], device=accelerator.device)).tolist()
     if main_proc:
-        evaluate.plot_history(history_path, os.path.join(cfg.output_dir, "reward_curve.png"))
+        evaluate.plot_history(history_path, os.path.join(cfg.output_dir, "reward_curve.png"), evals)
         for tag, summary in evals.items():
             accelerator.print(f"eval {tag}: " + evaluate.format_summary(summary))
+        if "eval/change" in evals.get("after", {}):
+            change, se = evals["after"]["eval/change"], evals["after"]["eval/change_se"]
+            accelerator.print(f"held-out change {change:+.4f} +- {se:.4f} (paired SE over {cfg.eval_samples} "
+                              f"images) = {change / max(se, 1e-12):+.1f} SE")
         with open(os.path.join(cfg.output_dir, "process_checksums.json"), "w") as f:
             json.dump(sums, f)
     # every process reaches here before any tears its gloo/NCCL group down (a lone destroy can hang or abort)

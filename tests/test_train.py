@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from PIL import Image
 import torch
 from safetensors.torch import load_file
 
@@ -23,7 +24,8 @@ import turning_points as tp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1", "--resolution", "16",
         "--prompts-per-iter", "2", "--group-size", "4", "--sample-batch", "8", "--train-batch", "4",
-        "--eval-samples", "8", "--report-to", "none", "--iterations", "2", "--max-sequence-length", "32"]
+        "--eval-samples", "8", "--report-to", "none", "--iterations", "2", "--max-sequence-length", "32",
+        "--steps", "10", "--window", "9", "--eval-steps", "10"]  # SD3.5-M's schedule (the tiny preset's is T = 6)
 
 
 def run(tmp_path, *extra, name="run"):
@@ -303,19 +305,61 @@ def test_help_explains_every_field(capsys):
     assert "W, number of SDE" in text and "epsilon, the ratio clip" in text
 
 
-def test_tiny_task_runs_from_the_shipped_toy_checkpoint(tmp_path):
-    out = str(tmp_path / "tiny")
+def test_tiny_task_runs_from_the_shipped_toy_checkpoint_in_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the preset finds toy_model/ beside train.py, not in the working directory
     result = train.main(train.parse_config(
         ["--task", "tiny", "--iterations", "2", "--eval-samples", "16", "--prompts-per-iter", "2",
-         "--group-size", "4", "--sample-batch", "8", "--train-batch", "4", "--output-dir", out, "--report-to",
-         "none"]))
+         "--group-size", "4", "--sample-batch", "8", "--train-batch", "4", "--report-to", "none"]))
+    out = str(tmp_path / "runs" / "tiny")
+    values = {}
     for tag in ("before", "after"):
         summary = result["evals"][tag]
-        assert 0 <= summary["eval/toy_strict"] <= summary["eval/reward"] <= 1  # strict <= partial credit
-        assert os.path.getsize(os.path.join(out, f"samples_{tag}.png")) > 0
+        assert 0 <= summary["eval/toy_strict"] <= 1 and 0 <= summary["eval/reward"] <= 1
+        grid = Image.open(os.path.join(out, f"samples_{tag}.png"))
+        assert grid.width >= 8 * 128  # 32-pixel images enlarged to legible cells, captions below
         written = json.load(open(os.path.join(out, f"eval_{tag}.json")))  # per image, for paired comparisons
-        per_image = written["per_image"]["toy_strict"]
-        assert len(per_image) == 16 and abs(sum(per_image) / 16 - summary["eval/toy_strict"]) < 1e-6
+        values[tag] = torch.tensor(written["per_image"]["reward"])  # (16,)
+        assert len(values[tag]) == 16 and abs(values[tag].mean().item() - summary["eval/reward"]) < 1e-6
+    d = values["after"] - values["before"]  # (16,) the same images before and after: a paired change
+    after = result["evals"]["after"]
+    assert after["eval/change"] == pytest.approx(d.mean().item(), abs=1e-6)
+    assert after["eval/change_se"] == pytest.approx(d.std().item() / 4, abs=1e-6)
     history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    assert history[-1]["cost/evals_per_trajectory"] == 55 and 0 <= history[-1]["reward/mean"] <= 1
+    assert history[-1]["cost/evals_per_trajectory"] == 6 + 5 + 4 + 3 + 2 + 1  # T = 6, W = 5: rollout + completions
+    assert 0 <= history[-1]["reward/mean"] <= 1
+    # strict turning points are base ones with one more condition (Def. 5.1 vs Def. 4.1)
+    assert all(0 <= h["steps/tp_rate_strict"] <= h["steps/tp_rate_base"] <= 1 for h in history)
+    assert history[-1]["time/elapsed_s"] > history[0]["time/elapsed_s"] > 0
     assert os.path.getsize(os.path.join(out, "reward_curve.png")) > 0
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_shipped_heldout_values_stand_in_for_the_evaluation_before_training(tmp_path, capsys, tamper):
+    # A copy of the toy checkpoint whose shipped values cover this run's evaluation (its first 40 images); the run
+    # recomputes only the grid's 32 images, and evaluates everything when they disagree (tamper: one is off).
+    import shutil
+    import toyworld
+    model = tmp_path / "model"
+    shutil.copytree(train.TOY_MODEL, model)
+    saved = json.load(open(model / toyworld.HELDOUT_EVAL))
+    saved["settings"]["eval_samples"] = 40
+    saved["per_image"] = {k: v[:40] for k, v in saved["per_image"].items()}
+    if tamper:
+        saved["per_image"]["reward"][3] += 0.5
+    json.dump(saved, open(model / toyworld.HELDOUT_EVAL, "w"))
+    out = tmp_path / "run"
+    train.main(train.parse_config(["--task", "tiny", "--model", str(model), "--iterations", "1", "--eval-samples",
+                                   "40", "--prompts-per-iter", "2", "--group-size", "4", "--sample-batch", "8",
+                                   "--train-batch", "4", "--output-dir", str(out), "--report-to", "none"]))
+    before = json.load(open(out / "eval_before.json"))["per_image"]["reward"]
+    shipped = torch.tensor(saved["per_image"]["reward"])  # (40,)
+    printed = capsys.readouterr().out
+    if tamper:
+        assert "disagrees" in printed and abs(before[3] - shipped[3].item()) == pytest.approx(0.5, abs=1e-5)
+    else:
+        assert "shipped values" in printed and torch.allclose(torch.tensor(before), shipped, atol=1e-6)
+    # the fresh images agree with the shipped values either way, except the tampered one
+    keep = torch.arange(40) != 3
+    assert torch.allclose(torch.tensor(before)[keep], shipped[keep], atol=1e-5)
+    # other evaluation settings than the shipped ones: no stand-in
+    assert train.shipped_eval_before(train.parse_config(["--task", "tiny", "--model", str(model)])) is None
