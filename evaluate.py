@@ -4,7 +4,7 @@ LoRA (or its EMA) written by train.py.
 Sampling is the plain Euler ODE with the preset's evaluation steps and CFG (SD3.5-M: 40 steps, w = 4.5); every
 image has a fixed seed (EVAL_SEED, image index), so two checkpoints are compared on the same noise. Metrics are the
 reward models of the task in evaluation form: raw PickScore (the paper's ~24), OCR accuracy, GenEval's strict
-correctness per tag and overall score, the toy world's partial/strict scores, plus any extra reward given.
+correctness per tag and overall score, the toy world's graded score and strict accuracy, plus any extra reward given.
 
   python evaluate.py --task tiny --checkpoint runs/tiny/checkpoints/iter-000030
   accelerate launch evaluate.py --task geneval --checkpoint runs/geneval/checkpoints/iter-001000 --ema
@@ -127,7 +127,8 @@ def save_grid(images: torch.Tensor, path: str, columns: int = 8, captions: list[
     cell_h, cell_w = h + text_h + 6, w + 6  # 3-pixel white margins
     canvas = Image.new("RGB", (columns * cell_w, rows * cell_h), (255, 255, 255))
     draw = ImageDraw.Draw(canvas)
-    pixels = (images.float().cpu().clamp(0, 1).permute(0, 2, 3, 1) * 255).round().to(torch.uint8).numpy()  # (M, H, W, 3)
+    pixels = (images.float().cpu().clamp(0, 1).permute(0, 2, 3, 1) * 255).round().to(torch.uint8)  # (M, H, W, 3)
+    pixels = pixels.numpy()
     for i in range(M):
         r, c = divmod(i, columns)
         x, y = c * cell_w + 3, r * cell_h + 3
@@ -150,8 +151,10 @@ def plot_history(history_path: str, png: str, evals: dict | None = None) -> None
         return
     rows = [json.loads(line) for line in open(history_path)]
     fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=120)
-    ax.plot([r["iteration"] for r in rows], [r["reward/mean"] for r in rows], color="tab:gray", alpha=0.8,
-            label="training reward (R_sde, each iteration)")
+    its, rewards = [r["iteration"] for r in rows], [r["reward/mean"] for r in rows]
+    ax.plot(its, rewards, color="tab:gray", alpha=0.5, lw=1, label="training reward (R_sde, each iteration)")
+    trailing = [sum(rewards[max(0, i - 4):i + 1]) / len(rewards[max(0, i - 4):i + 1]) for i in range(len(rewards))]
+    ax.plot(its, trailing, color="black", lw=1.5, label="training reward, 5-iteration mean")
     points = [(r["iteration"], r["eval/reward"], r.get("eval/reward_se", 0.0)) for r in rows if "eval/reward" in r]
     if evals and "before" in evals:
         points.insert(0, (0, evals["before"]["eval/reward"], evals["before"]["eval/reward_se"]))
@@ -161,6 +164,10 @@ def plot_history(history_path: str, png: str, evals: dict | None = None) -> None
         for xi, yi in ((x[0], y[0]), (x[-1], y[-1])):
             ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(4, 6), fontsize=8,
                         color="tab:red")
+    after = (evals or {}).get("after", {})
+    if "eval/change" in after:  # the paired change, the number that says whether the held-out score moved
+        ax.set_title(f"held-out change {after['eval/change']:+.3f} +- {after['eval/change_se']:.3f} (paired SE) = "
+                     f"{after['eval/change'] / max(after['eval/change_se'], 1e-12):+.1f} SE", fontsize=9)
     ax.set_xlabel("iteration")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)

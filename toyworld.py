@@ -41,7 +41,8 @@ passes no attention mask, so the padding length changes the conditioning: always
 `sampler.encode_prompts(pipe, prompts, w, max_sequence_length=MAX_SEQUENCE_LENGTH)` with this model (16 instead of
 sampler's default 128 also makes every transformer call ~2x cheaper: 77 + 16 text tokens instead of 77 + 128).
 
-Shape legend: N images (b in a pretraining batch), H/W pixels (32), K colours (4), L text tokens (77 CLIP + 16 T5), D text width (64).
+Shape legend: N images (b in a pretraining batch), H/W pixels (32), K colours (4), L text tokens (77 CLIP + 16 T5),
+D text width (64).
 """
 
 from __future__ import annotations
