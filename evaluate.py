@@ -1,4 +1,5 @@
-"""Evaluation: ODE sampling of a held-out prompt set and the paper's metrics (SPEC 8), for a base model plus a
+"""Evaluation: ODE sampling of a held-out prompt set and the paper's metrics (Sec. 5; docs/method.md, 'Rewards'),
+for a base model plus a
 LoRA (or its EMA) written by train.py.
 
 Sampling is the plain Euler ODE with the preset's evaluation steps and CFG (SD3.5-M: 40 steps, w = 4.5); every

@@ -1,7 +1,8 @@
-"""Reward models R(image, prompt) for TP-GRPO (SPEC section 8), run in-process, batched, loaded once.
+"""Reward models R(image, prompt) for TP-GRPO (paper Sec. 5; docs/method.md, 'Rewards'), run in-process, batched.
 
-TP-GRPO scores every ODE completion (W+1 images per trajectory, SPEC section 4), so each reward takes a whole
-batch of images as one tensor and keeps its models resident. Rewards:
+Models are loaded once. TP-GRPO scores every ODE completion (W+1 images per trajectory, W the window length;
+docs/method.md, 'Incremental rewards via ODE completions'), so each reward takes a whole batch of images as one
+tensor and keeps its models resident. Rewards:
 
 | name                    | model                                              | training value           |
 |-------------------------|----------------------------------------------------|--------------------------|

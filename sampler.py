@@ -1,6 +1,7 @@
 """Flow-matching sampling for TP-GRPO: SDE/ODE steps with log-probs, windowed rollouts, batched ODE completions.
 
-Implements SPEC.md sections 1-4 (paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewards"):
+Implements paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewards" (docs/method.md, from
+'Flow matching and the Euler ODE step' to 'The batched wavefront'):
 
   * the T-step sigma grid of SD3's FlowMatchEulerDiscreteScheduler and classifier-free-guided velocities,
   * the Euler ODE step and the two stochastic steps ("sde" = Flow-GRPO's reverse SDE, "cps" =
@@ -210,7 +211,7 @@ def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. The grid, the prompt conditioning and the guided velocity (SPEC 1)
+# 2. The grid, the prompt conditioning and the guided velocity (Sec. 3; docs/method.md, 'Classifier-free guidance')
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -276,8 +277,8 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
              counter: EvalCounter | None = None) -> torch.Tensor:
     """Guided velocity v(x, sigma, c) in float32 for a batch of n images at per-image timesteps (n,).
 
-    SPEC 1: v = v_uncond + w (v_cond - v_uncond). With CFG the conditional and unconditional halves go through the
-    transformer in one call, as in diffusers' pipeline.
+    CFG (docs/method.md, 'Classifier-free guidance'): v = v_uncond + w (v_cond - v_uncond). With CFG the
+    conditional and unconditional halves go through the transformer in one call, as in diffusers' pipeline.
     """
     n = x.shape[0]
     # a DDP / DeepSpeed wrapper hides .dtype behind .module
@@ -299,12 +300,13 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
     if cond.neg_embeds is None:
         return out
     v_uncond, v_cond = out.chunk(2)  # (n, C, H, W) each
-    # SPEC 1: v = v_uncond + w (v_cond - v_uncond)
+    # CFG: v = v_uncond + w (v_cond - v_uncond)
     return v_uncond + guidance_scale * (v_cond - v_uncond)  # (n, C, H, W)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3. One step: ODE, and the two stochastic samplers with log-probabilities (SPEC 2). Pure functions, float32.
+# 3. One step: ODE, and the two stochastic samplers with log-probabilities (docs/method.md, 'The sde step',
+#    'The cps step'). Pure functions, float32.
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -315,7 +317,7 @@ def _per_sample(s, like: torch.Tensor) -> torch.Tensor:
 
 
 def ode_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next) -> torch.Tensor:
-    """Euler ODE step, SPEC 1: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) v(x_i, sigma_i)."""
+    """Euler ODE step, Sec. 3: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) v(x_i, sigma_i)."""
     x, v = x.float(), v.float()
     return x + (_per_sample(sigma_next, x) - _per_sample(sigma, x)) * v  # (n, C, H, W)
 
@@ -325,7 +327,7 @@ class StepOut:
     next: torch.Tensor  # (n, C, H, W) x' (the given one when evaluating a stored sample)
     log_prob: torch.Tensor  # (n,) log p(x' | x), mean over non-batch dims
     mean: torch.Tensor  # (n, C, H, W) mean of p(. | x)
-    std_kl: torch.Tensor  # (n,) what the KL term divides by (SPEC 2)
+    std_kl: torch.Tensor  # (n,) what the KL term divides by (docs/method.md, 'The KL to the reference policy')
 
 
 def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, kind: str = "cps",
@@ -344,7 +346,7 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: f
     dims = tuple(range(1, x.dim()))
 
     if kind == "sde":
-        # SPEC 2 "sde" (Flow-GRPO, Euler-Maruyama on the reverse SDE): dt = sigma' - sigma < 0
+        # "sde" (Flow-GRPO, Euler-Maruyama on the reverse SDE; docs/method.md, 'The sde step'): dt = sigma' - sigma < 0
         dt = s_next - s
         # std = a sqrt(sigma / (1 - sigma)); at sigma = 1 the denominator uses 1 - sigma_1 (= 1 - sigma' there)
         std = noise_level * torch.sqrt(s / torch.where(s == 1, 1 - s_next, 1 - s))  # (n, 1, 1, 1)
@@ -362,7 +364,7 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: f
         # KL between the two transitions would divide by scale^2 = std^2 (-dt): ours is that KL times (-dt).
         std_kl = std.flatten()  # (n,)
     else:
-        # SPEC 2 "cps" (coefficients-preserving sampling): predicted clean image and noise
+        # "cps" (coefficients-preserving sampling; docs/method.md, 'The cps step'): predicted clean image and noise
         x0_hat = x - s * v  # (n, C, H, W)
         x1_hat = x + (1 - s) * v  # (n, C, H, W)
         # s = sigma' sin(a pi / 2): the injected noise; the predicted noise keeps the rest of sigma'^2
@@ -371,7 +373,8 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: f
         mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - noise_std**2).clamp_min(0)) * x1_hat  # (n, C, H, W)
         x_next = mean + noise_std * noise if next_sample is None else next_sample.float()  # (n, C, H, W)
         # log p := -mean((x' - mean)^2): the demo code drops the constants AND the 1/(2 s^2) factor, and its ratio
-        # clip range (1e-5) was tuned for this scale, so we keep it (SPEC 2). Only differences of it are used.
+        # clip range (1e-5) was tuned for this scale, so we keep it (docs/method.md, 'The cps step'). Only
+        # differences of it are used.
         log_prob = -((x_next - mean) ** 2).mean(dims)  # (n,)
         std_kl = noise_std.flatten()  # (n,) exact per-step noise std; 0 on the last step (sigma' = 0)
     return StepOut(x_next, log_prob, mean, std_kl)
@@ -401,7 +404,8 @@ def draw_noise(generators: list[torch.Generator], shape: tuple[int, ...], device
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 5. Rollout with an SDE window (SPEC 3), optionally with the batched ODE completions (SPEC 4)
+# 5. Rollout with an SDE window (Algorithm 1), optionally with the batched ODE completions (Sec. 4.1; docs/method.md,
+#    'Rollout with an SDE window', 'The batched wavefront')
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -434,7 +438,8 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
             complete: bool = False, chunk_size: int | None = None) -> Rollout:
     """Sample n trajectories over the T-step grid; steps w0 .. w0+W-1 are stochastic, the rest ODE.
 
-    complete=True also returns ODE-complete(s_k) for k = 0..W (SPEC 4) as a wavefront: the branch started at s_k
+    complete=True also returns ODE-complete(s_k) for k = 0..W (Sec. 4.1) as a wavefront (docs/method.md, 'The
+    batched wavefront'): the branch started at s_k
     takes its first Euler step with the velocity the rollout just computed at s_k (an exact reuse), and at every
     later grid index all live branches sit at the same sigma_i as the rollout state, so one transformer call
     evaluates them all. chunk_size caps the images per call (peak memory) without changing any result.
@@ -458,7 +463,8 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
         if in_window:
             states.append(x)
             if complete:
-                # SPEC 4, saving 1: ODE-complete(s_k) starts with v(s_k, sigma_{w0+k}), which is v: reuse it.
+                # The wavefront's first saving: ODE-complete(s_k) starts with v(s_k, sigma_{w0+k}), which is v:
+                # reuse it.
                 branches = torch.cat([branches, ode_step(x, v, sigmas[i], sigmas[i + 1])])  # (n*(live+1), C, H, W)
             out = sde_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
                            noise=draw_noise(generators, x.shape[1:], x.device))
@@ -509,7 +515,7 @@ def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float,
     trajectory's own x_T). Returns (n, W+1, C, H, W); index W is the rollout's own final latent."""
     # DEVIATION: the demo code's pure-ODE run for R_0 draws fresh noise (generator None); we complete s_0, which
     # is reached from this trajectory's x_T by ODE steps only, because the paper's R_0 is "this trajectory
-    # without any SDE step" (SPEC 4).
+    # without any SDE step" (Sec. 4.1; docs/method.md, 'Incremental rewards via ODE completions').
     finished = [ode_complete(transformer, ro.states[:, k], ro.w0 + k, cond, ro.sigmas, ro.timesteps,
                              guidance_scale, counter) for k in range(ro.window)]  # W x (n, C, H, W)
     return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, H, W)

@@ -335,7 +335,7 @@ def format_result(r: dict, steps: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 4. Pretraining: rectified flow on rendered images (SPEC 1 convention), EMA weights shipped
+# 4. Pretraining: rectified flow on rendered images (Sec. 3's convention), EMA weights shipped
 # ----------------------------------------------------------------------------------------------------------------
 
 EMPTY_CAPTION_RATE = 0.1  # captions dropped to "" so that the unconditional velocity (CFG) stays meaningful
@@ -402,7 +402,8 @@ def pretrain(out: str | None, steps: int, seed: int = 0, batch: int = 64, lr: fl
         # Logit-normal sigma (SD3: sigmoid of N(0, 1)): most samples at mid noise, where the velocity is hardest.
         sigma = torch.sigmoid(torch.randn(batch, generator=gen))  # (b,)
         s = sigma[:, None, None, None]  # (b, 1, 1, 1)
-        # SPEC 1: x_sigma = (1 - sigma) x0 + sigma x1; the model predicts v = x1 - x0 at timestep sigma * 1000
+        # Sec. 3 (docs/method.md, 'Flow matching and the Euler ODE step'): x_sigma = (1 - sigma) x0 + sigma x1;
+        # the model predicts v = x1 - x0 at timestep sigma * 1000
         x_sigma = (1 - s) * x0 + s * x1  # (b, 3, H, W)
         v = model(hidden_states=x_sigma, timestep=sigma * 1000, encoder_hidden_states=cond.embeds[rows],
                   pooled_projections=cond.pooled[rows], return_dict=False)[0]  # (b, 3, H, W)
