@@ -14,7 +14,8 @@ correctness per tag and overall score, the toy world's partial/strict scores, pl
 Writes OUTPUT/eval.json (mean, std, standard error per metric, and every image's values) and OUTPUT/grid.png;
 prints a table.
 
-Shape legend: M evaluation images, C/H/W latent, H'/W' pixels.
+Shape legend: M evaluation images, C/h/w latent channels/height/width, H/W pixel height/width (no window length
+appears in this file, so the pixels keep the capitals; sampler.py calls them H'/W').
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     """Generate `samples` images (prompt i mod len, seed (EVAL_SEED, i)) split over processes, score them.
 
     Returns {"summary": {metric: mean, metric_std, metric_se}, "values": {metric: (M,)}, "images": this
-    process's images (m, 3, H', W'), "index": their image indices (m,)} with identical summaries and values on
+    process's images (m, 3, H, W), "index": their image indices (m,)} with identical summaries and values on
     every process.
     """
     P, rank = (accelerator.num_processes, accelerator.process_index) if accelerator else (1, 0)
@@ -47,7 +48,7 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     prm = [prompts[i % len(prompts)] for i in mine]
     meta = [metadata[i % len(prompts)] for i in mine]
     seeds = [S.member_seed(EVAL_SEED, 0, i, 0) for i in mine]
-    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch)  # (m, 3, H', W')
+    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch)  # (m, 3, H, W)
     values = {}
     for start in range(0, len(mine), batch):
         sl = slice(start, start + batch)

@@ -6,9 +6,9 @@ penalty to the reference policy. The formulas, in our words: docs/method.md, 'Th
 'Per-timestep advantages' and 'The clipped loss'.
 
 Shape legend: B prompts, G group size, N = B*G trajectories (all processes gathered), W window steps,
-n samples of one micro-batch, C/H/W latent channels/height/width.
+n samples of one micro-batch, C/h/w latent channels/height/width (lower case: W is the window length).
   rewards, advantages (N, W) | group (N,) prompt-group id per row (any integers, rows of a group anywhere)
-  grpo_loss: logp, logp_old, advantages, std_kl (n,) for one window step; mean, ref_mean (n, C, H, W)
+  grpo_loss: logp, logp_old, advantages, std_kl (n,) for one window step; mean, ref_mean (n, C, h, w)
 
 Run: pure tensor functions (any device; float32 or float64 kept as given); tested by
 `python -m pytest tests/test_grpo.py`. train.py calls `per_timestep_advantages` (TP-GRPO and the incremental
@@ -99,8 +99,8 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
     """Clipped surrogate plus KL for one window step of a micro-batch. Returns (loss, stats).
 
     logp: log-prob of the stored x' under the current policy (n,), with grad; logp_old: the same at sampling
-    time (n,); advantages (n,); mean: the policy's step mean (n, C, H, W), with grad; ref_mean: the reference
-    policy's mean (n, C, H, W), or None when beta = 0; std_kl (n,): the std the KL divides by (docs/method.md,
+    time (n,); advantages (n,); mean: the policy's step mean (n, C, h, w), with grad; ref_mean: the reference
+    policy's mean (n, C, h, w), or None when beta = 0; std_kl (n,): the std the KL divides by (docs/method.md,
     'The KL to the reference policy'). clip_range: the ratio clip eps (SD3.5-M: 1e-5); beta: the KL weight
     (SD3.5-M: 1e-4); both in docs/method.md, 'SD3.5-Medium hyperparameters'.
     mask (n,) bool, or None for all rows: the rows that count. The loss and every statistic are means over them

@@ -25,7 +25,9 @@ to REWARD_LOADERS: loader(device, batch_size=..., model_paths=..., **options) ->
 metadata) returning (N,) or ((N,), {extra_name: (N,)}).
 
 Shapes: N images in a call, n <= batch_size images in one model forward, Q Mask2Former queries, K detections,
-H/W image height/width, D CLIP embedding width.
+H/W image height/width in pixels (H'/W' after Mask2Former's resizing and padding), D CLIP embedding width.
+Rewards see only decoded images, never latents, so no window length W appears in a shape here and the pixels
+keep the capitals.
 """
 
 import functools

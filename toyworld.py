@@ -30,6 +30,9 @@ earns part of the credit, so the members of a group are ranked and the completio
 steps (the turning points of the paper need d_k of both signs, not a reward stuck at a few levels).
 Shape is not rewarded: the tiny model does not draw recognisable shapes (shape words still condition it).
 
+Shape legend: N images, b a pretraining batch, H/W image height/width in pixels, K palette colours. The tiny model
+works in pixel space, so its latents are images (3, H, W) too; no window length W appears in this file.
+
 The shipped toy_model/ (`python toyworld.py pretrain`, `make_toy_model`: 1200 clean steps of batch 64, then 200
 steps at lr 3e-4 with half the captions naming a wrong colour; seed 0, 1 thread; EMA weights, 2.9 MB): held-out
 score 0.382 +- 0.013 (1024 images, T = 6, no CFG), strict 0.145, colour 0.449, count 0.315. It draws the asked

@@ -21,7 +21,8 @@ Run:
   python train.py --help                                     # every field, with its paper symbol
 
 Shape legend: B prompts per iteration, G group size, N = B*G trajectories (all processes), n = N / processes
-(this process), b a sampling or training micro-batch, T steps, W window steps, C/H/W latent.
+(this process), b a sampling or training micro-batch, T steps, W window steps, C/h/w latent
+channels/height/width (lower case: W is the window length), H'/W' decoded pixels.
 """
 
 from __future__ import annotations
@@ -296,19 +297,19 @@ def reference_policy(transformer):
 def window_step_loss(policy, reference, x, x_next, t, cond, sigma, sigma_next, logp_old, adv, cfg: Config,
                      mask=None, autocast=contextlib.nullcontext):
     """Section 5's work for one window step of a micro-batch of b rows: log p_theta of the stored next states
-    x_next (b, C, H, W) under `policy` (with grad), the reference policy's step mean when beta > 0 (`reference()`
+    x_next (b, C, h, w) under `policy` (with grad), the reference policy's step mean when beta > 0 (`reference()`
     is a context manager yielding the reference model), and grpo.grpo_loss. Returns (loss, stats, log_prob (b,)).
     """
     with autocast():  # bf16 base weights with float32 LoRA weights
-        v = S.velocity(policy, x, t, cond, cfg.guidance)  # (b, C, H, W), with grad
+        v = S.velocity(policy, x, t, cond, cfg.guidance)  # (b, C, h, w), with grad
     # log p_theta of the STORED next sample under the current policy (docs/method.md, 'The clipped loss')
     out = S.sde_step(x, v, sigma, sigma_next, cfg.noise_level, cfg.sampler, next_sample=x_next)
     ref_mean = None
     if cfg.beta > 0:
         with torch.no_grad(), reference() as ref, autocast():
-            v_ref = S.velocity(ref, x, t, cond, cfg.guidance)  # (b, C, H, W)
+            v_ref = S.velocity(ref, x, t, cond, cfg.guidance)  # (b, C, h, w)
         ref_mean = S.sde_step(x, v_ref, sigma, sigma_next, cfg.noise_level, cfg.sampler,
-                              next_sample=x_next).mean  # (b, C, H, W)
+                              next_sample=x_next).mean  # (b, C, h, w)
     loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, out.mean, ref_mean, out.std_kl, cfg.clip_range,
                                  cfg.beta, mask=mask)
     return loss, stats, out.log_prob
@@ -438,7 +439,7 @@ def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Te
 
 
 def score(pipe, latents: torch.Tensor, prompts: list[str], metadata: list[dict], reward_fn, batch: int):
-    """Decode and score latents (M, C, H, W) in chunks: total (M,) and components {name: (M,)}."""
+    """Decode and score latents (M, C, h, w) in chunks: total (M,) and components {name: (M,)}."""
     totals, parts = [], {}
     for start in range(0, latents.shape[0], batch):
         sl = slice(start, start + batch)
@@ -653,7 +654,7 @@ def main(cfg: Config) -> dict:
                                     cfg.max_sequence_length)
             gens = S.make_generators([S.member_seed(cfg.seed, it, j // cfg.group_size, j % cfg.group_size)
                                       for j in ids.tolist()])
-            x_T = S.draw_noise(gens, shape, accelerator.device)  # (b, C, H, W)
+            x_T = S.draw_noise(gens, shape, accelerator.device)  # (b, C, h, w)
             with accelerator.autocast():  # bf16 base weights with float32 LoRA weights
                 ro = S.rollout(model, cond, x_T, gens, sigmas, timesteps, w0, W, cfg.noise_level, cfg.sampler,
                                cfg.guidance, complete=complete, chunk_size=cfg.chunk_size or None)
@@ -670,10 +671,10 @@ def main(cfg: Config) -> dict:
             b0 = bi * cfg.sample_batch
             m = ro.final.shape[0]
             if complete:
-                lat = ro.completions.flatten(0, 1)  # (b*(W+1), C, H, W)
+                lat = ro.completions.flatten(0, 1)  # (b*(W+1), C, h, w)
                 reps = W + 1
             else:
-                lat, reps = ro.final, 1  # (b, C, H, W)
+                lat, reps = ro.final, 1  # (b, C, h, w)
             prm = [p for p in my_prompts[b0:b0 + m] for _ in range(reps)]
             meta = [d for d in my_meta[b0:b0 + m] for _ in range(reps)]
             total, comps = score(pipe, lat, prm, meta, reward_fn, cfg.reward_batch)
@@ -698,7 +699,7 @@ def main(cfg: Config) -> dict:
         # --------------------------------------------------------------------------------------------------------
         start = time.perf_counter()
         model.train()
-        states = torch.cat([ro.states for ro, _ in batches])  # (n, W+1, C, H, W)
+        states = torch.cat([ro.states for ro, _ in batches])  # (n, W+1, C, h, w)
         logp_old = torch.cat([ro.log_probs for ro, _ in batches])  # (n, W)
         cond_all = S.Cond.cat([c for _, c in batches])  # n rows
         g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -2, rank))
@@ -718,7 +719,7 @@ def main(cfg: Config) -> dict:
             counted = rows.numel() if mask is None else int(mask[rows].sum())
             for k in range(W):
                 i = w0 + k  # grid index of window step k+1: s_k -> s_{k+1}
-                x, x_next = states[rows, k], states[rows, k + 1]  # (b, C, H, W) each
+                x, x_next = states[rows, k], states[rows, k + 1]  # (b, C, h, w) each
                 c = cond_all.rows(rows.to(accelerator.device))
                 t = timesteps[i].expand(rows.numel())  # (b,)
                 with accelerator.accumulate(transformer):

@@ -137,8 +137,8 @@ def test_step_rewards_plus_advantages_are_fast_at_paper_scale():
 
 def loss_inputs(n=4, shape=(2, 3, 3), seed=0):
     gen = torch.Generator().manual_seed(seed)
-    mean = torch.randn(n, *shape, generator=gen)  # (n, C, H, W)
-    ref = mean + 0.1 * torch.randn(n, *shape, generator=gen)  # (n, C, H, W)
+    mean = torch.randn(n, *shape, generator=gen)  # (n, C, h, w)
+    ref = mean + 0.1 * torch.randn(n, *shape, generator=gen)  # (n, C, h, w)
     return mean, ref
 
 

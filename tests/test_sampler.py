@@ -27,7 +27,7 @@ def _setup(pipe, prompts, group, guidance=4.5, seed=0):
     """Conditioning and seeded generators/initial noise for len(prompts) x group trajectories."""
     cond = S.encode_prompts(pipe, prompts, guidance, max_sequence_length=16).repeat(group)
     gens = S.make_generators([S.member_seed(seed, 0, p, m) for p in range(len(prompts)) for m in range(group)])
-    x_T = S.draw_noise(gens, S.latent_shape(pipe, 16), "cpu")  # (n, C, H, W)
+    x_T = S.draw_noise(gens, S.latent_shape(pipe, 16), "cpu")  # (n, C, h, w)
     return cond, gens, x_T
 
 
@@ -158,7 +158,7 @@ def test_bf16_autocast_velocity_is_diffusers_pipelines_at_every_step(grid, guida
         assert len(seen) == T
         for i, (v_ref, t, x) in enumerate(seen):
             assert t.dtype == torch.float32 and t.item() == timesteps[i].item()
-            v = S.velocity(pipe.transformer, x.float(), timesteps[i].expand(2), cond, guidance)  # (2, C, H, W)
+            v = S.velocity(pipe.transformer, x.float(), timesteps[i].expand(2), cond, guidance)  # (2, C, h, w)
             bf16_ulp = 2.0 ** -8 * v_ref.float().abs().max().clamp_min(1).item()
             torch.testing.assert_close(v, v_ref.float(), rtol=0, atol=0 if guidance == 1 else bf16_ulp)
 
