@@ -23,7 +23,8 @@ counted FLOPs / median seconds; on CUDA the peak memory of each phase is reporte
   python bench.py --size random-sd35m --device meta --batches 8
                                            # the same shapes on no memory at all: FLOPs only (a CPU-safe check)
 
-Shape legend: n trajectories per batch, C/H/W latent, L text tokens, D text width, P pooled width.
+Shape legend: n trajectories per batch, C/h/w latent channels/height/width (lower case: W is the
+window length of the phases above), L text tokens, D text width, P pooled width.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def bench_batch(pipe, cfg: train.Config, args, n: int) -> list[dict]:
 
     def rollout(complete: bool, naive: bool = False):
         gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(n)])
-        x_T = S.draw_noise(gens, shape, args.device)  # (n, C, H, W)
+        x_T = S.draw_noise(gens, shape, args.device)  # (n, C, h, w)
         with autocast():
             ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
                            "cps", args.guidance, complete=complete, chunk_size=args.chunk_size)

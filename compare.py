@@ -12,7 +12,8 @@ against iterations, transformer evaluations and wall seconds (mean +- SE over se
 held-out change (SE over seeds and paired SE over the evaluation images), strict accuracy, turning-point rates,
 and the iterations, evaluations and seconds each method needs to reach Flow-GRPO's final training reward.
 
-Shape legend (figures): G group members, W window steps, R (G, W+1) completion rewards, C/H/W pixels.
+Shape legend (figures): G group members, W window steps, R (G, W+1) completion rewards, C/h/w the toy
+model's latent channels/height/width, which are its pixels (it works in pixel space): images (., 3, h, w).
 """
 
 from __future__ import annotations
@@ -180,11 +181,11 @@ def figures(args) -> None:
     meta = toyworld.parse_caption(prompt)
     cond = S.encode_prompts(pipe, [prompt], cfg.guidance, cfg.max_sequence_length).repeat(G)
     gens = S.make_generators([S.member_seed(args.seed, 0, 0, m) for m in range(G)])
-    x_T = S.draw_noise(gens, S.latent_shape(pipe, cfg.resolution), "cpu")  # (G, C, H, W)
+    x_T = S.draw_noise(gens, S.latent_shape(pipe, cfg.resolution), "cpu")  # (G, C, h, w)
     sigmas, timesteps = S.sigma_grid(pipe.scheduler, cfg.steps)
     ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, W, cfg.noise_level, cfg.sampler,
                    cfg.guidance, complete=True)
-    images = S.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, H, W)
+    images = S.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, h, w)
     R = reward_fn(images, [prompt] * len(images), [meta] * len(images))[0].reshape(G, W + 1)  # (G, W+1)
     group = torch.zeros(G, dtype=torch.long)
     step_r, kept = tp.step_rewards(R, group, "tp-grpo", args.rule)  # (G, W), (G, W)
@@ -212,7 +213,7 @@ def figures(args) -> None:
     with_tp = kept.any(1).nonzero().flatten().tolist()
     g = with_tp[0] if with_tp else 0
     fig, axes = plt.subplots(1, W + 1, figsize=(1.1 * (W + 1), 1.6), dpi=120)
-    strip = images.reshape(G, W + 1, *images.shape[1:])[g]  # (W+1, 3, H, W)
+    strip = images.reshape(G, W + 1, *images.shape[1:])[g]  # (W+1, 3, h, w)
     for k, ax in enumerate(axes):
         ax.imshow(strip[k].permute(1, 2, 0).numpy(), interpolation="nearest")
         mark = " *" if k > 0 and kept[g, k - 1] else ""

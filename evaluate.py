@@ -1,4 +1,5 @@
-"""Evaluation: ODE sampling of a held-out prompt set and the paper's metrics (SPEC 8), for a base model plus a
+"""Evaluation: ODE sampling of a held-out prompt set and the paper's metrics (Sec. 5; docs/method.md, 'Rewards'),
+for a base model plus a
 LoRA (or its EMA) written by train.py.
 
 Sampling is the plain Euler ODE with the preset's evaluation steps and CFG (SD3.5-M: 40 steps, w = 4.5); every
@@ -13,7 +14,8 @@ correctness per tag and overall score, the toy world's graded score and strict a
 Writes OUTPUT/eval.json (mean, std, standard error per metric, and every image's values) and OUTPUT/grid.png;
 prints a table.
 
-Shape legend: M evaluation images, C/H/W latent, H'/W' pixels.
+Shape legend: M evaluation images, C/h/w latent channels/height/width, H/W pixel height/width (no window length
+appears in this file, so the pixels keep the capitals; sampler.py calls them H'/W').
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     """Generate `samples` images (prompt i mod len, seed (EVAL_SEED, i)) split over processes, score them.
 
     Returns {"summary": {metric: mean, metric_std, metric_se}, "values": {metric: (M,)}, "images": this
-    process's images (m, 3, H', W'), "index": their image indices (m,)} with identical summaries and values on
+    process's images (m, 3, H, W), "index": their image indices (m,)} with identical summaries and values on
     every process.
     """
     P, rank = (accelerator.num_processes, accelerator.process_index) if accelerator else (1, 0)
@@ -46,7 +48,7 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     prm = [prompts[i % len(prompts)] for i in mine]
     meta = [metadata[i % len(prompts)] for i in mine]
     seeds = [S.member_seed(EVAL_SEED, 0, i, 0) for i in mine]
-    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch)  # (m, 3, H', W')
+    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch)  # (m, 3, H, W)
     values = {}
     for start in range(0, len(mine), batch):
         sl = slice(start, start + batch)

@@ -2,12 +2,13 @@
 
 Paper (arXiv 2602.06422): Sec. 4-5, per-timestep advantages from step-wise rewards; Flow-GRPO
 (arXiv 2505.05470): the group-normalized outcome advantage and the PPO-style clipped objective with a KL
-penalty to the reference policy. The exact formulas are SPEC.md sections 2 (KL) and 6 (advantages, loss).
+penalty to the reference policy. The formulas, in our words: docs/method.md, 'The KL to the reference policy',
+'Per-timestep advantages' and 'The clipped loss'.
 
 Shape legend: B prompts, G group size, N = B*G trajectories (all processes gathered), W window steps,
-n samples of one micro-batch, C/H/W latent channels/height/width.
+n samples of one micro-batch, C/h/w latent channels/height/width (lower case: W is the window length).
   rewards, advantages (N, W) | group (N,) prompt-group id per row (any integers, rows of a group anywhere)
-  grpo_loss: logp, logp_old, advantages, std_kl (n,) for one window step; mean, ref_mean (n, C, H, W)
+  grpo_loss: logp, logp_old, advantages, std_kl (n,) for one window step; mean, ref_mean (n, C, h, w)
 
 Run: pure tensor functions (any device; float32 or float64 kept as given); tested by
 `python -m pytest tests/test_grpo.py`. train.py calls `per_timestep_advantages` (TP-GRPO and the incremental
@@ -16,7 +17,7 @@ ablation) or `flow_grpo_advantages` (baseline), then `grpo_loss` once per window
 
 import torch
 
-EPS_STD = 1e-4  # SPEC 6: A = (r - mean) / (std + 1e-4)
+EPS_STD = 1e-4  # Sec. 4.3 (docs/method.md, 'Per-timestep advantages'): A = (r - mean) / (std + 1e-4)
 
 
 def _check_values(x, name):
@@ -65,7 +66,7 @@ def per_timestep_advantages(rewards, group, clip=5.0):
     x = rewards if rewards.dim() == 2 else rewards[:, None]  # (N, W)
     ids, n_groups = _group_ids(group, x.shape[0], x.device)  # (N,)
     mean, std, constant = _group_stats(x, ids, n_groups)  # (n_groups, W) each
-    # SPEC 6: A_{i,k} = (r_{i,k} - mean_g r_{.,k}) / (std_g r_{.,k} + 1e-4), population std over the group
+    # Sec. 4.3: A_{i,k} = (r_{i,k} - mean_g r_{.,k}) / (std_g r_{.,k} + 1e-4), population std over the group
     # (index_select rather than mean[ids]: advanced indexing was ~1000x slower on a loaded 2-core CPU)
     adv = (x - mean.index_select(0, ids)) / (std.index_select(0, ids) + EPS_STD)  # (N, W)
     # A group whose members all got the same reward carries no signal: exactly 0 (the float mean of equal
@@ -85,7 +86,9 @@ def flow_grpo_advantages(r_sde, group, num_steps, clip=5.0):
 
 
 def zero_std_fraction(values, group):
-    """Fraction of (group, column) cells whose members all have the same value (logged diagnostic, SPEC 6)."""
+    """Fraction of (group, column) cells whose members all have the same value.
+
+    A logged diagnostic (docs/method.md, 'The clipped loss')."""
     values = _check_values(values, "values")
     x = values if values.dim() == 2 else values[:, None]  # (N, W)
     ids, n_groups = _group_ids(group, x.shape[0], x.device)  # (N,)
@@ -96,9 +99,10 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
     """Clipped surrogate plus KL for one window step of a micro-batch. Returns (loss, stats).
 
     logp: log-prob of the stored x' under the current policy (n,), with grad; logp_old: the same at sampling
-    time (n,); advantages (n,); mean: the policy's step mean (n, C, H, W), with grad; ref_mean: the reference
-    policy's mean (n, C, H, W), or None when beta = 0; std_kl (n,): the std the KL divides by (SPEC 2).
-    clip_range: the ratio clip eps (SPEC 7: 1e-5); beta: the KL weight (SPEC 7: 1e-4).
+    time (n,); advantages (n,); mean: the policy's step mean (n, C, h, w), with grad; ref_mean: the reference
+    policy's mean (n, C, h, w), or None when beta = 0; std_kl (n,): the std the KL divides by (docs/method.md,
+    'The KL to the reference policy'). clip_range: the ratio clip eps (SD3.5-M: 1e-5); beta: the KL weight
+    (SD3.5-M: 1e-4); both in docs/method.md, 'SD3.5-Medium hyperparameters'.
     mask (n,) bool, or None for all rows: the rows that count. The loss and every statistic are means over them
     alone, as if the other rows were not in the micro-batch (Flow-GRPO's zero-advantage filter, which train.py
     applies by masking so that every process keeps the same batch layout); a micro-batch with no such row gives
@@ -131,8 +135,9 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
 
     # rho = exp(logp_theta - logp_old)
     ratio = torch.exp(logp - logp_old)  # (n,)
-    # SPEC 6: L = max(-A rho, -A clip(rho, 1 - eps, 1 + eps)); the max takes the pessimistic branch, so once
-    # the ratio has left the trust region in the direction the advantage pushes, the gradient is 0.
+    # Flow-GRPO's clipped objective (docs/method.md, 'The clipped loss'): L = max(-A rho, -A clip(rho, 1 - eps,
+    # 1 + eps)); the max takes the pessimistic branch, so once the ratio has left the trust region in the
+    # direction the advantage pushes, the gradient is 0.
     unclipped = -advantages * ratio  # (n,)
     clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)  # (n,)
     policy_loss = avg(torch.maximum(unclipped, clipped))

@@ -1,7 +1,8 @@
-"""Reward models R(image, prompt) for TP-GRPO (SPEC section 8), run in-process, batched, loaded once.
+"""Reward models R(image, prompt) for TP-GRPO (paper Sec. 5; docs/method.md, 'Rewards'), run in-process, batched.
 
-TP-GRPO scores every ODE completion (W+1 images per trajectory, SPEC section 4), so each reward takes a whole
-batch of images as one tensor and keeps its models resident. Rewards:
+Models are loaded once. TP-GRPO scores every ODE completion (W+1 images per trajectory, W the window length;
+docs/method.md, 'Incremental rewards via ODE completions'), so each reward takes a whole batch of images as one
+tensor and keeps its models resident. Rewards:
 
 | name                    | model                                              | training value           |
 |-------------------------|----------------------------------------------------|--------------------------|
@@ -24,7 +25,9 @@ to REWARD_LOADERS: loader(device, batch_size=..., model_paths=..., **options) ->
 metadata) returning (N,) or ((N,), {extra_name: (N,)}).
 
 Shapes: N images in a call, n <= batch_size images in one model forward, Q Mask2Former queries, K detections,
-H/W image height/width, D CLIP embedding width.
+H/W image height/width in pixels (H'/W' after Mask2Former's resizing and padding), D CLIP embedding width.
+Rewards see only decoded images, never latents, so no window length W appears in a shape here and the pixels
+keep the capitals.
 """
 
 import functools

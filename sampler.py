@@ -1,6 +1,7 @@
 """Flow-matching sampling for TP-GRPO: SDE/ODE steps with log-probs, windowed rollouts, batched ODE completions.
 
-Implements SPEC.md sections 1-4 (paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewards"):
+Implements paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewards" (docs/method.md, from
+'Flow matching and the Euler ODE step' to 'The batched wavefront'):
 
   * the T-step sigma grid of SD3's FlowMatchEulerDiscreteScheduler and classifier-free-guided velocities,
   * the Euler ODE step and the two stochastic steps ("sde" = Flow-GRPO's reverse SDE, "cps" =
@@ -16,7 +17,8 @@ Implements SPEC.md sections 1-4 (paper Sec. 3 "Preliminaries" and Sec. 4.1 "step
 Run `python bench.py` to count and time it; `python -m pytest tests/test_sampler.py` to check it.
 
 Shape legend: B prompts, G group size, N = B*G trajectories (or any batch of them), T steps, W window length,
-C/H/W latent channels/height/width, L text tokens, D text width, P pooled width.
+C/h/w latent channels/height/width (lower case, so that W only ever means the window
+length), H'/W' decoded pixels, L text tokens, D text width, P pooled width.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def load_pipeline(model: str, dtype: torch.dtype = torch.float32, device: str | 
 
 
 def latent_shape(pipe, resolution: int) -> tuple[int, int, int]:
-    """(C, H, W) of a latent for a square image of `resolution` pixels (pixel space when there is no VAE)."""
+    """(C, h, w) of a latent for a square image of `resolution` pixels (pixel space when there is no VAE)."""
     factor = 2 ** (len(pipe.vae.config.block_out_channels) - 1) if pipe.vae is not None else 1
     patch = pipe.transformer.config.patch_size
     if resolution % (factor * patch):
@@ -192,16 +194,16 @@ def latent_shape(pipe, resolution: int) -> tuple[int, int, int]:
 
 @torch.no_grad()
 def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
-    """Latents (N, C, H, W) -> images (N, 3, H', W') float32 in [0, 1].
+    """Latents (N, C, h, w) -> images (N, 3, H', W') float32 in [0, 1].
 
     SD3's VAE expects x / scaling_factor + shift_factor (the inverse of what encoding applied); a pipeline without a
     VAE generates pixels in [-1, 1] directly. The VAE runs in its own dtype (float32 from load_pipeline) with any
     autocast of the caller switched off.
     """
     if pipe.vae is None:
-        images = latents.float()  # (N, 3, H, W) pixels in [-1, 1]
+        images = latents.float()  # (N, 3, h, w) pixels in [-1, 1]: without a VAE the latent is the image
     else:
-        z = latents.float() / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor  # (N, C, H, W)
+        z = latents.float() / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor  # (N, C, h, w)
         kind = z.device.type
         no_autocast = torch.autocast(kind, enabled=False) if torch.amp.is_autocast_available(kind) else nullcontext()
         with no_autocast:
@@ -210,7 +212,7 @@ def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. The grid, the prompt conditioning and the guided velocity (SPEC 1)
+# 2. The grid, the prompt conditioning and the guided velocity (Sec. 3; docs/method.md, 'Classifier-free guidance')
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -276,14 +278,14 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
              counter: EvalCounter | None = None) -> torch.Tensor:
     """Guided velocity v(x, sigma, c) in float32 for a batch of n images at per-image timesteps (n,).
 
-    SPEC 1: v = v_uncond + w (v_cond - v_uncond). With CFG the conditional and unconditional halves go through the
-    transformer in one call, as in diffusers' pipeline.
+    CFG (docs/method.md, 'Classifier-free guidance'): v = v_uncond + w (v_cond - v_uncond). With CFG the
+    conditional and unconditional halves go through the transformer in one call, as in diffusers' pipeline.
     """
     n = x.shape[0]
     # a DDP / DeepSpeed wrapper hides .dtype behind .module
     dtype = transformer.dtype if hasattr(transformer, "dtype") else transformer.module.dtype
     if cond.neg_embeds is not None:
-        hidden = torch.cat([x, x]).to(dtype)  # (2n, C, H, W)
+        hidden = torch.cat([x, x]).to(dtype)  # (2n, C, h, w)
         enc = torch.cat([cond.neg_embeds, cond.embeds])  # (2n, L, D)
         pooled = torch.cat([cond.neg_pooled, cond.pooled])  # (2n, P)
         t = torch.cat([timestep, timestep])  # (2n,)
@@ -292,19 +294,20 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
     # the timestep stays float32, as diffusers' pipelines pass it: in bf16 a timestep near 1000 moves by up to 2
     # before the sinusoidal embedding (which casts its own output to the model's dtype)
     out = transformer(hidden_states=hidden, timestep=t.to(x.device, torch.float32), encoder_hidden_states=enc.to(dtype),
-                      pooled_projections=pooled.to(dtype), return_dict=False)[0].float()  # (2n or n, C, H, W)
+                      pooled_projections=pooled.to(dtype), return_dict=False)[0].float()  # (2n or n, C, h, w)
     if counter is not None:
         counter.evals += n
         counter.calls += 1
     if cond.neg_embeds is None:
         return out
-    v_uncond, v_cond = out.chunk(2)  # (n, C, H, W) each
-    # SPEC 1: v = v_uncond + w (v_cond - v_uncond)
-    return v_uncond + guidance_scale * (v_cond - v_uncond)  # (n, C, H, W)
+    v_uncond, v_cond = out.chunk(2)  # (n, C, h, w) each
+    # CFG: v = v_uncond + w (v_cond - v_uncond)
+    return v_uncond + guidance_scale * (v_cond - v_uncond)  # (n, C, h, w)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3. One step: ODE, and the two stochastic samplers with log-probabilities (SPEC 2). Pure functions, float32.
+# 3. One step: ODE, and the two stochastic samplers with log-probabilities (docs/method.md, 'The sde step',
+#    'The cps step'). Pure functions, float32.
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -315,24 +318,24 @@ def _per_sample(s, like: torch.Tensor) -> torch.Tensor:
 
 
 def ode_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next) -> torch.Tensor:
-    """Euler ODE step, SPEC 1: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) v(x_i, sigma_i)."""
+    """Euler ODE step, Sec. 3: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) v(x_i, sigma_i)."""
     x, v = x.float(), v.float()
-    return x + (_per_sample(sigma_next, x) - _per_sample(sigma, x)) * v  # (n, C, H, W)
+    return x + (_per_sample(sigma_next, x) - _per_sample(sigma, x)) * v  # (n, C, h, w)
 
 
 @dataclass
 class StepOut:
-    next: torch.Tensor  # (n, C, H, W) x' (the given one when evaluating a stored sample)
+    next: torch.Tensor  # (n, C, h, w) x' (the given one when evaluating a stored sample)
     log_prob: torch.Tensor  # (n,) log p(x' | x), mean over non-batch dims
-    mean: torch.Tensor  # (n, C, H, W) mean of p(. | x)
-    std_kl: torch.Tensor  # (n,) what the KL term divides by (SPEC 2)
+    mean: torch.Tensor  # (n, C, h, w) mean of p(. | x)
+    std_kl: torch.Tensor  # (n,) what the KL term divides by (docs/method.md, 'The KL to the reference policy')
 
 
 def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, kind: str = "cps",
              noise: torch.Tensor | None = None, next_sample: torch.Tensor | None = None) -> StepOut:
     """A stochastic step from sigma to sigma' < sigma, or the log-prob of a GIVEN next sample (training).
 
-    Exactly one of `noise` (eps ~ N(0, I), (n, C, H, W)) and `next_sample` (a stored x') is given. With
+    Exactly one of `noise` (eps ~ N(0, I), (n, C, h, w)) and `next_sample` (a stored x') is given. With
     noise_level a = 0 both samplers are the Euler ODE step. Everything is float32: bf16/fp16 overflow in the mean.
     """
     if kind not in SAMPLERS:
@@ -344,15 +347,15 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: f
     dims = tuple(range(1, x.dim()))
 
     if kind == "sde":
-        # SPEC 2 "sde" (Flow-GRPO, Euler-Maruyama on the reverse SDE): dt = sigma' - sigma < 0
+        # "sde" (Flow-GRPO, Euler-Maruyama on the reverse SDE; docs/method.md, 'The sde step'): dt = sigma' - sigma < 0
         dt = s_next - s
         # std = a sqrt(sigma / (1 - sigma)); at sigma = 1 the denominator uses 1 - sigma_1 (= 1 - sigma' there)
         std = noise_level * torch.sqrt(s / torch.where(s == 1, 1 - s_next, 1 - s))  # (n, 1, 1, 1)
         # mean = x (1 + std^2 dt / (2 sigma)) + v (1 + std^2 (1 - sigma) / (2 sigma)) dt
-        mean = x * (1 + std**2 * dt / (2 * s)) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt  # (n, C, H, W)
+        mean = x * (1 + std**2 * dt / (2 * s)) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt  # (n, C, h, w)
         # x' = mean + std sqrt(-dt) eps: the transition's actual standard deviation
         scale = std * torch.sqrt(-dt)  # (n, 1, 1, 1)
-        x_next = mean + scale * noise if next_sample is None else next_sample.float()  # (n, C, H, W)
+        x_next = mean + scale * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
         # log N(x'; mean, scale^2) = -(x' - mean)^2 / (2 scale^2) - log scale - log sqrt(2 pi), mean over dims.
         # A deterministic step (scale = 0) gets log-prob 0: ratio 1, no gradient, never NaN.
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
@@ -362,16 +365,17 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: f
         # KL between the two transitions would divide by scale^2 = std^2 (-dt): ours is that KL times (-dt).
         std_kl = std.flatten()  # (n,)
     else:
-        # SPEC 2 "cps" (coefficients-preserving sampling): predicted clean image and noise
-        x0_hat = x - s * v  # (n, C, H, W)
-        x1_hat = x + (1 - s) * v  # (n, C, H, W)
+        # "cps" (coefficients-preserving sampling; docs/method.md, 'The cps step'): predicted clean image and noise
+        x0_hat = x - s * v  # (n, C, h, w)
+        x1_hat = x + (1 - s) * v  # (n, C, h, w)
         # s = sigma' sin(a pi / 2): the injected noise; the predicted noise keeps the rest of sigma'^2
         noise_std = s_next * math.sin(noise_level * math.pi / 2)  # (n, 1, 1, 1)
         # mean = (1 - sigma') x0_hat + sqrt(sigma'^2 - s^2) x1_hat
-        mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - noise_std**2).clamp_min(0)) * x1_hat  # (n, C, H, W)
-        x_next = mean + noise_std * noise if next_sample is None else next_sample.float()  # (n, C, H, W)
+        mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - noise_std**2).clamp_min(0)) * x1_hat  # (n, C, h, w)
+        x_next = mean + noise_std * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
         # log p := -mean((x' - mean)^2): the demo code drops the constants AND the 1/(2 s^2) factor, and its ratio
-        # clip range (1e-5) was tuned for this scale, so we keep it (SPEC 2). Only differences of it are used.
+        # clip range (1e-5) was tuned for this scale, so we keep it (docs/method.md, 'The cps step'). Only
+        # differences of it are used.
         log_prob = -((x_next - mean) ** 2).mean(dims)  # (n,)
         std_kl = noise_std.flatten()  # (n,) exact per-step noise std; 0 on the last step (sigma' = 0)
     return StepOut(x_next, log_prob, mean, std_kl)
@@ -397,11 +401,12 @@ def make_generators(seeds: list[int]) -> list[torch.Generator]:
 
 def draw_noise(generators: list[torch.Generator], shape: tuple[int, ...], device) -> torch.Tensor:
     """eps ~ N(0, I) for each trajectory from its own generator: (n, *shape)."""
-    return torch.stack([torch.randn(shape, generator=g) for g in generators]).to(device)  # (n, C, H, W)
+    return torch.stack([torch.randn(shape, generator=g) for g in generators]).to(device)  # (n, C, h, w)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 5. Rollout with an SDE window (SPEC 3), optionally with the batched ODE completions (SPEC 4)
+# 5. Rollout with an SDE window (Algorithm 1), optionally with the batched ODE completions (Sec. 4.1; docs/method.md,
+#    'Rollout with an SDE window', 'The batched wavefront')
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -414,11 +419,11 @@ class Rollout:
     timesteps: torch.Tensor  # (T,)
     w0: int
     window: int  # W
-    x_T: torch.Tensor  # (n, C, H, W) the initial noise
-    states: torch.Tensor  # (n, W+1, C, H, W) s_0 .. s_W
+    x_T: torch.Tensor  # (n, C, h, w) the initial noise
+    states: torch.Tensor  # (n, W+1, C, h, w) s_0 .. s_W
     log_probs: torch.Tensor  # (n, W) log p(s_k | s_{k-1}) at sampling time (logp_old)
-    final: torch.Tensor  # (n, C, H, W) x_0, the trajectory's image latent
-    completions: torch.Tensor | None = None  # (n, W+1, C, H, W) ODE-complete(s_k); [:, W] is `final`
+    final: torch.Tensor  # (n, C, h, w) x_0, the trajectory's image latent
+    completions: torch.Tensor | None = None  # (n, W+1, C, h, w) ODE-complete(s_k); [:, W] is `final`
     counter: EvalCounter = field(default_factory=EvalCounter)
 
 
@@ -434,7 +439,8 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
             complete: bool = False, chunk_size: int | None = None) -> Rollout:
     """Sample n trajectories over the T-step grid; steps w0 .. w0+W-1 are stochastic, the rest ODE.
 
-    complete=True also returns ODE-complete(s_k) for k = 0..W (SPEC 4) as a wavefront: the branch started at s_k
+    complete=True also returns ODE-complete(s_k) for k = 0..W (Sec. 4.1) as a wavefront (docs/method.md, 'The
+    batched wavefront'): the branch started at s_k
     takes its first Euler step with the velocity the rollout just computed at s_k (an exact reuse), and at every
     later grid index all live branches sit at the same sigma_i as the rollout state, so one transformer call
     evaluates them all. chunk_size caps the images per call (peak memory) without changing any result.
@@ -443,38 +449,39 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
     check_window(steps, w0, window)
     n = x_T.shape[0]
     counter = EvalCounter()
-    x = x_T.float()  # (n, C, H, W)
+    x = x_T.float()  # (n, C, h, w)
     states, log_probs = [], []
-    branches = torch.empty(0, *x.shape[1:], device=x.device)  # (n*live, C, H, W) completion branches
+    branches = torch.empty(0, *x.shape[1:], device=x.device)  # (n*live, C, h, w) completion branches
     for i in range(steps):
         # Evaluate the rollout state and, stacked behind it, every live branch: they all sit at sigma_i.
-        stacked = torch.cat([x, branches])  # (n*(1+live), C, H, W)
+        stacked = torch.cat([x, branches])  # (n*(1+live), C, h, w)
         live = branches.shape[0] // n
         v_all = _chunked_velocity(transformer, stacked, timesteps[i], cond, live + 1, guidance_scale, counter,
-                                  chunk_size)  # (n*(1+live), C, H, W)
-        v, v_branches = v_all[:n], v_all[n:]  # (n, C, H, W), (n*live, C, H, W)
-        branches = ode_step(branches, v_branches, sigmas[i], sigmas[i + 1])  # (n*live, C, H, W)
+                                  chunk_size)  # (n*(1+live), C, h, w)
+        v, v_branches = v_all[:n], v_all[n:]  # (n, C, h, w), (n*live, C, h, w)
+        branches = ode_step(branches, v_branches, sigmas[i], sigmas[i + 1])  # (n*live, C, h, w)
         in_window = w0 <= i < w0 + window
         if in_window:
             states.append(x)
             if complete:
-                # SPEC 4, saving 1: ODE-complete(s_k) starts with v(s_k, sigma_{w0+k}), which is v: reuse it.
-                branches = torch.cat([branches, ode_step(x, v, sigmas[i], sigmas[i + 1])])  # (n*(live+1), C, H, W)
+                # The wavefront's first saving: ODE-complete(s_k) starts with v(s_k, sigma_{w0+k}), which is v:
+                # reuse it.
+                branches = torch.cat([branches, ode_step(x, v, sigmas[i], sigmas[i + 1])])  # (n*(live+1), C, h, w)
             out = sde_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
                            noise=draw_noise(generators, x.shape[1:], x.device))
-            x = out.next  # (n, C, H, W)
+            x = out.next  # (n, C, h, w)
             log_probs.append(out.log_prob)
         else:
-            x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, H, W)
+            x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, h, w)
         if i == w0 + window - 1:
             states.append(x)  # s_W
     completions = None
     if complete:
         # branches hold ODE-complete(s_0) .. ODE-complete(s_{W-1}) in blocks of n; s_W's completion is the rollout.
         completions = torch.cat([branches.reshape(window, n, *x.shape[1:]).transpose(0, 1), x[:, None]], 1)
-        # (n, W+1, C, H, W)
+        # (n, W+1, C, h, w)
     return Rollout(sigmas, timesteps, w0, window, x_T.float(), torch.stack(states, 1), torch.stack(log_probs, 1),
-                   x, completions, counter)  # states (n, W+1, C, H, W), log_probs (n, W)
+                   x, completions, counter)  # states (n, W+1, C, h, w), log_probs (n, W)
 
 
 def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, copies: int,
@@ -488,17 +495,17 @@ def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond
         part = slice(start, start + size)
         t = timestep.expand(x[part].shape[0])  # (m,)
         out.append(velocity(transformer, x[part], t, cond.rows(rows[part]), guidance_scale, counter))
-    return torch.cat(out)  # (n*copies, C, H, W)
+    return torch.cat(out)  # (n*copies, C, h, w)
 
 
 @torch.no_grad()
 def ode_complete(transformer, x: torch.Tensor, start: int, cond: Cond, sigmas: torch.Tensor,
                  timesteps: torch.Tensor, guidance_scale: float, counter: EvalCounter | None = None) -> torch.Tensor:
-    """Euler ODE from a state at grid index `start` down to sigma_T = 0 on the same grid (n, C, H, W)."""
+    """Euler ODE from a state at grid index `start` down to sigma_T = 0 on the same grid (n, C, h, w)."""
     x = x.float()
     for i in range(start, len(timesteps)):
         v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter)
-        x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, H, W)
+        x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, h, w)
     return x
 
 
@@ -506,13 +513,13 @@ def ode_complete(transformer, x: torch.Tensor, start: int, cond: Cond, sigmas: t
 def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float,
                    counter: EvalCounter | None = None) -> torch.Tensor:
     """The reference: finish every window state separately (the demo code's layout, with R_0 from the
-    trajectory's own x_T). Returns (n, W+1, C, H, W); index W is the rollout's own final latent."""
+    trajectory's own x_T). Returns (n, W+1, C, h, w); index W is the rollout's own final latent."""
     # DEVIATION: the demo code's pure-ODE run for R_0 draws fresh noise (generator None); we complete s_0, which
     # is reached from this trajectory's x_T by ODE steps only, because the paper's R_0 is "this trajectory
-    # without any SDE step" (SPEC 4).
+    # without any SDE step" (Sec. 4.1; docs/method.md, 'Incremental rewards via ODE completions').
     finished = [ode_complete(transformer, ro.states[:, k], ro.w0 + k, cond, ro.sigmas, ro.timesteps,
-                             guidance_scale, counter) for k in range(ro.window)]  # W x (n, C, H, W)
-    return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, H, W)
+                             guidance_scale, counter) for k in range(ro.window)]  # W x (n, C, h, w)
+    return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, h, w)
 
 
 @torch.no_grad()
@@ -529,6 +536,6 @@ def generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_sc
         part = prompts[start:start + batch_size]
         cond = encode_prompts(pipe, part, guidance_scale, max_sequence_length)
         x_T = draw_noise(make_generators(seeds[start:start + batch_size]), shape, pipe.transformer.device)
-        x_0 = ode_complete(pipe.transformer, x_T, 0, cond, sigmas, timesteps, guidance_scale)  # (b, C, H, W)
+        x_0 = ode_complete(pipe.transformer, x_T, 0, cond, sigmas, timesteps, guidance_scale)  # (b, C, h, w)
         images.append(decode(pipe, x_0).cpu())  # (b, 3, H', W')
     return torch.cat(images)  # (N, 3, H', W')

@@ -30,6 +30,9 @@ earns part of the credit, so the members of a group are ranked and the completio
 steps (the turning points of the paper need d_k of both signs, not a reward stuck at a few levels).
 Shape is not rewarded: the tiny model does not draw recognisable shapes (shape words still condition it).
 
+Shape legend: N images, b a pretraining batch, H/W image height/width in pixels, K palette colours. The tiny model
+works in pixel space, so its latents are images (3, H, W) too; no window length W appears in this file.
+
 The shipped toy_model/ (`python toyworld.py pretrain`, `make_toy_model`: 1200 clean steps of batch 64, then 200
 steps at lr 3e-4 with half the captions naming a wrong colour; seed 0, 1 thread; EMA weights, 2.9 MB): held-out
 score 0.382 +- 0.013 (1024 images, T = 6, no CFG), strict 0.145, colour 0.449, count 0.315. It draws the asked
@@ -336,7 +339,7 @@ def format_result(r: dict, steps: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 4. Pretraining: rectified flow on rendered images (SPEC 1 convention), EMA weights shipped
+# 4. Pretraining: rectified flow on rendered images (Sec. 3's convention), EMA weights shipped
 # ----------------------------------------------------------------------------------------------------------------
 
 EMPTY_CAPTION_RATE = 0.1  # captions dropped to "" so that the unconditional velocity (CFG) stays meaningful
@@ -403,7 +406,8 @@ def pretrain(out: str | None, steps: int, seed: int = 0, batch: int = 64, lr: fl
         # Logit-normal sigma (SD3: sigmoid of N(0, 1)): most samples at mid noise, where the velocity is hardest.
         sigma = torch.sigmoid(torch.randn(batch, generator=gen))  # (b,)
         s = sigma[:, None, None, None]  # (b, 1, 1, 1)
-        # SPEC 1: x_sigma = (1 - sigma) x0 + sigma x1; the model predicts v = x1 - x0 at timestep sigma * 1000
+        # Sec. 3 (docs/method.md, 'Flow matching and the Euler ODE step'): x_sigma = (1 - sigma) x0 + sigma x1;
+        # the model predicts v = x1 - x0 at timestep sigma * 1000
         x_sigma = (1 - s) * x0 + s * x1  # (b, 3, H, W)
         v = model(hidden_states=x_sigma, timestep=sigma * 1000, encoder_hidden_states=cond.embeds[rows],
                   pooled_projections=cond.pooled[rows], return_dict=False)[0]  # (b, 3, H, W)

@@ -1,10 +1,12 @@
 """TP-GRPO (and Flow-GRPO, and the incremental-only ablation) for SD3 with LoRA: the paper's training algorithm.
 
-Implements Algorithm 1 of arXiv 2602.06422 (SPEC.md sections 3-7) as one loop, each iteration:
+Implements Algorithm 1 of arXiv 2602.06422 (docs/method.md, 'Rollout with an SDE window' to 'The clipped loss')
+as one loop, each iteration:
 
   1. draw B prompts; each process samples its share of the B x G trajectories (the group's members are spread
      over the processes), with stochastic steps only inside the SDE window (sampler.rollout);
-  2. TP-GRPO / incremental: ODE-complete every window state in the same batched calls (sampler, SPEC 4);
+  2. TP-GRPO / incremental: ODE-complete every window state in the same batched calls (sampler, Sec. 4.1;
+     docs/method.md, 'The batched wavefront');
   3. decode and score every completion: R (N, W+1), column W = R_sde; gather over processes;
   4. per-step rewards (turning_points.step_rewards) and per-timestep advantages (grpo.py);
   5. train on the window steps: clipped surrogate + KL to the adapter-disabled model, gradients accumulated
@@ -19,7 +21,8 @@ Run:
   python train.py --help                                     # every field, with its paper symbol
 
 Shape legend: B prompts per iteration, G group size, N = B*G trajectories (all processes), n = N / processes
-(this process), b a sampling or training micro-batch, T steps, W window steps, C/H/W latent.
+(this process), b a sampling or training micro-batch, T steps, W window steps, C/h/w latent
+channels/height/width (lower case: W is the window length), H'/W' decoded pixels.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def _f(default, help: str):
 
 @dataclass(frozen=True)
 class Config:
-    task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, SPEC 7) | tiny (CPU toy world)")
+    task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, docs/method.md) | tiny (CPU toy world)")
     model: str = _f(S.SD35_MEDIUM, "SD3 pipeline: hub id, local folder, 'tiny' or 'random-sd35m' (SD3.5-M's "
                                    "shapes; both random weights built in code, no download)")
     algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
@@ -67,7 +70,7 @@ class Config:
     eval_steps: int = _f(40, "sampling steps at evaluation")
     guidance: float = _f(4.5, "w, classifier-free guidance scale in training (<= 1: no CFG)")
     eval_guidance: float = _f(4.5, "w at evaluation")
-    sampler: str = _f("cps", "stochastic step: cps (coefficients-preserving) | sde (Flow-GRPO's SDE), SPEC 2")
+    sampler: str = _f("cps", "stochastic step: cps (coefficients-preserving) | sde (Flow-GRPO's SDE), docs/method.md")
     noise_level: float = _f(0.7, "a, the noise level of the stochastic step")
     window: int = _f(9, "W, number of SDE (trained) steps")
     window_start: int = _f(0, "w0, first SDE step; -1 draws it per iteration in [0, T - W]")
@@ -139,7 +142,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
     """--task picks a preset; every other flag overrides one field of it."""
     p = argparse.ArgumentParser(description=__doc__.split("Shape legend")[0],
                                 usage="%(prog)s [--task TASK] [--FIELD VALUE ...]  (--help lists every field)",
-                                epilog="Defaults shown are the SD3.5-M values (SPEC 7); --task picks a preset that "
+                                epilog="Defaults shown are the SD3.5-M values (docs/method.md, 'SD3.5-Medium "
+                                       "hyperparameters'); --task picks a preset that "
                                        "may change some of them (train.PRESETS).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in dataclasses.fields(Config):
@@ -281,7 +285,8 @@ class Progress:
 
 @contextlib.contextmanager
 def reference_policy(transformer):
-    """The KL's reference: the same transformer with its LoRA adapter switched off (SPEC 2)."""
+    """The KL's reference: the same transformer with its LoRA adapter switched off (docs/method.md, 'The KL to the
+    reference policy')."""
     transformer.disable_adapters()
     try:
         yield transformer
@@ -292,19 +297,19 @@ def reference_policy(transformer):
 def window_step_loss(policy, reference, x, x_next, t, cond, sigma, sigma_next, logp_old, adv, cfg: Config,
                      mask=None, autocast=contextlib.nullcontext):
     """Section 5's work for one window step of a micro-batch of b rows: log p_theta of the stored next states
-    x_next (b, C, H, W) under `policy` (with grad), the reference policy's step mean when beta > 0 (`reference()`
+    x_next (b, C, h, w) under `policy` (with grad), the reference policy's step mean when beta > 0 (`reference()`
     is a context manager yielding the reference model), and grpo.grpo_loss. Returns (loss, stats, log_prob (b,)).
     """
     with autocast():  # bf16 base weights with float32 LoRA weights
-        v = S.velocity(policy, x, t, cond, cfg.guidance)  # (b, C, H, W), with grad
-    # log p_theta of the STORED next sample under the current policy (SPEC 2)
+        v = S.velocity(policy, x, t, cond, cfg.guidance)  # (b, C, h, w), with grad
+    # log p_theta of the STORED next sample under the current policy (docs/method.md, 'The clipped loss')
     out = S.sde_step(x, v, sigma, sigma_next, cfg.noise_level, cfg.sampler, next_sample=x_next)
     ref_mean = None
     if cfg.beta > 0:
         with torch.no_grad(), reference() as ref, autocast():
-            v_ref = S.velocity(ref, x, t, cond, cfg.guidance)  # (b, C, H, W)
+            v_ref = S.velocity(ref, x, t, cond, cfg.guidance)  # (b, C, h, w)
         ref_mean = S.sde_step(x, v_ref, sigma, sigma_next, cfg.noise_level, cfg.sampler,
-                              next_sample=x_next).mean  # (b, C, H, W)
+                              next_sample=x_next).mean  # (b, C, h, w)
     loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, out.mean, ref_mean, out.std_kl, cfg.clip_range,
                                  cfg.beta, mask=mask)
     return loss, stats, out.log_prob
@@ -434,7 +439,7 @@ def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Te
 
 
 def score(pipe, latents: torch.Tensor, prompts: list[str], metadata: list[dict], reward_fn, batch: int):
-    """Decode and score latents (M, C, H, W) in chunks: total (M,) and components {name: (M,)}."""
+    """Decode and score latents (M, C, h, w) in chunks: total (M,) and components {name: (M,)}."""
     totals, parts = [], {}
     for start in range(0, latents.shape[0], batch):
         sl = slice(start, start + batch)
@@ -581,7 +586,7 @@ def main(cfg: Config) -> dict:
         """Evaluate the (EMA) policy on the held-out set; `shipped`: known values of every image, of which only
         the grid's first images are recomputed (and must agree, else the whole set is evaluated)."""
         if ema is not None:
-            ema.swap()  # SPEC 7: the EMA weights are the ones evaluated
+            ema.swap()  # the EMA weights are the ones evaluated (docs/method.md, 'SD3.5-Medium hyperparameters')
         for samples in ([GRID_IMAGES] if shipped else []) + [cfg.eval_samples]:
             with accelerator.autocast():
                 result = evaluate.sample_and_score(pipe, eval_prompts, eval_meta, reward_fn, samples,
@@ -635,7 +640,8 @@ def main(cfg: Config) -> dict:
         start = time.perf_counter()
         slots = draw_prompts(len(train_prompts), cfg.prompts_per_iter, cfg.seed, it)  # (B,) prompt indices
         w0 = cfg.window_start
-        if w0 < 0:  # SPEC 3: one random window per iteration, the same for every member of every group
+        if w0 < 0:  # one random window per iteration, the same for every member of every group (docs/method.md,
+            # 'Rollout with an SDE window')
             g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -3, 0))
             w0 = int(torch.randint(cfg.steps - W + 1, (1,), generator=g))
         my_prompts = [train_prompts[slots[j // cfg.group_size]] for j in mine.tolist()]
@@ -648,7 +654,7 @@ def main(cfg: Config) -> dict:
                                     cfg.max_sequence_length)
             gens = S.make_generators([S.member_seed(cfg.seed, it, j // cfg.group_size, j % cfg.group_size)
                                       for j in ids.tolist()])
-            x_T = S.draw_noise(gens, shape, accelerator.device)  # (b, C, H, W)
+            x_T = S.draw_noise(gens, shape, accelerator.device)  # (b, C, h, w)
             with accelerator.autocast():  # bf16 base weights with float32 LoRA weights
                 ro = S.rollout(model, cond, x_T, gens, sigmas, timesteps, w0, W, cfg.noise_level, cfg.sampler,
                                cfg.guidance, complete=complete, chunk_size=cfg.chunk_size or None)
@@ -665,10 +671,10 @@ def main(cfg: Config) -> dict:
             b0 = bi * cfg.sample_batch
             m = ro.final.shape[0]
             if complete:
-                lat = ro.completions.flatten(0, 1)  # (b*(W+1), C, H, W)
+                lat = ro.completions.flatten(0, 1)  # (b*(W+1), C, h, w)
                 reps = W + 1
             else:
-                lat, reps = ro.final, 1  # (b, C, H, W)
+                lat, reps = ro.final, 1  # (b, C, h, w)
             prm = [p for p in my_prompts[b0:b0 + m] for _ in range(reps)]
             meta = [d for d in my_meta[b0:b0 + m] for _ in range(reps)]
             total, comps = score(pipe, lat, prm, meta, reward_fn, cfg.reward_batch)
@@ -687,12 +693,13 @@ def main(cfg: Config) -> dict:
         R_all, step_r, kept, adv_mine = assign_credit(accelerator, R_mine, mine, cfg)
 
         # --------------------------------------------------------------------------------------------------------
-        # 5. Policy update on the window steps: clipped surrogate + beta KL (SPEC 6), accumulated over W steps
+        # 5. Policy update on the window steps: clipped surrogate + beta KL (docs/method.md, 'The clipped loss'),
+        #    accumulated over W steps
         #    and micro-batches, `updates_per_iter` optimizer steps
         # --------------------------------------------------------------------------------------------------------
         start = time.perf_counter()
         model.train()
-        states = torch.cat([ro.states for ro, _ in batches])  # (n, W+1, C, H, W)
+        states = torch.cat([ro.states for ro, _ in batches])  # (n, W+1, C, h, w)
         logp_old = torch.cat([ro.log_probs for ro, _ in batches])  # (n, W)
         cond_all = S.Cond.cat([c for _, c in batches])  # n rows
         g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -2, rank))
@@ -712,7 +719,7 @@ def main(cfg: Config) -> dict:
             counted = rows.numel() if mask is None else int(mask[rows].sum())
             for k in range(W):
                 i = w0 + k  # grid index of window step k+1: s_k -> s_{k+1}
-                x, x_next = states[rows, k], states[rows, k + 1]  # (b, C, H, W) each
+                x, x_next = states[rows, k], states[rows, k + 1]  # (b, C, h, w) each
                 c = cond_all.rows(rows.to(accelerator.device))
                 t = timesteps[i].expand(rows.numel())  # (b,)
                 with accelerator.accumulate(transformer):

@@ -2,7 +2,8 @@
 
 Paper (arXiv 2602.06422): Sec. 4 (step-wise incremental rewards, turning points Def. 4.1, the first step
 Remark 4.2) and Sec. 5 (the stricter turning point Def. 5.1, the aggregated long-term reward, balanced
-replacement). The exact formulas we implement are SPEC.md section 5; the names below follow it.
+replacement). The formulas we implement, in our words, are docs/method.md, 'Turning points' to 'Worked
+examples'; the names below follow it.
 
 Input: the rewards of the ODE completions of one rollout, R (N, W+1): R[:, 0] = R_0 (the state where the SDE
 window starts), R[:, k] = R_k (the state after window step k), R[:, W] = R_sde (the final image). Steps are
@@ -16,7 +17,8 @@ Run: pure tensor functions (any device, float32 or float64 kept as given); teste
 `python -m pytest tests/test_turning_points.py`. train.py calls `step_rewards` and logs the turning-point rate
 per step from `detect_turning_points`.
 
-Why the strict rule exists: SPEC worked example 2, W = 4, R = [0, 2, 1.5, 1.8, 0.1].
+Why the strict rule exists (docs/method.md, 'Example 2: why the strict rule exists'): W = 4,
+R = [0, 2, 1.5, 1.8, 0.1].
   Delta = R_sde - R_0 = 0.1 > 0: overall the window raised the reward a little.
   d = [2, -0.5, 0.3, -1.7], so c = sign(d) * sign(Delta) = [+, -, +, -].
   Base rule (Def. 4.1 + Remark 4.2): step 1 is a turning point (first step, c_1 > 0) and step 3 is one
@@ -70,7 +72,7 @@ def _group_ids(group, n, device):
 def incremental_rewards(R):
     """d (N, W): the reward change caused by each window step."""
     R = _check_rewards(R)
-    # SPEC 5 / paper's r_t: d_k = R_k - R_{k-1} (positive = the step raised the reward)
+    # Sec. 4.1, the paper's r_t: d_k = R_k - R_{k-1} (positive = the step raised the reward)
     return R[:, 1:] - R[:, :-1]  # (N, W)
 
 

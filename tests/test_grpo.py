@@ -121,7 +121,8 @@ def test_advantage_errors():
 
 
 def test_step_rewards_plus_advantages_are_fast_at_paper_scale():
-    # SPEC 7: 48 prompts x G = 24, W = 9. Generous bound: the real cost is about a millisecond.
+    # SD3.5-M (docs/method.md, 'SD3.5-Medium hyperparameters'): 48 prompts x G = 24, W = 9. Generous bound: the
+    # real cost is about a millisecond.
     R, group = random_batch(0, n_groups=48, G=24, W=9, levels=8)
     per_timestep_advantages(step_rewards(R, group)[0], group)  # warm-up
     start = time.perf_counter()
@@ -136,8 +137,8 @@ def test_step_rewards_plus_advantages_are_fast_at_paper_scale():
 
 def loss_inputs(n=4, shape=(2, 3, 3), seed=0):
     gen = torch.Generator().manual_seed(seed)
-    mean = torch.randn(n, *shape, generator=gen)  # (n, C, H, W)
-    ref = mean + 0.1 * torch.randn(n, *shape, generator=gen)  # (n, C, H, W)
+    mean = torch.randn(n, *shape, generator=gen)  # (n, C, h, w)
+    ref = mean + 0.1 * torch.randn(n, *shape, generator=gen)  # (n, C, h, w)
     return mean, ref
 
 
@@ -225,7 +226,7 @@ def test_all_true_mask_is_no_mask_and_an_empty_mask_still_back_propagates():
 
 
 def test_gradient_is_zero_where_clipped_on_the_side_of_the_advantage():
-    eps = 1e-5  # SPEC 7
+    eps = 1e-5  # the SD3.5-M ratio clip (docs/method.md, 'SD3.5-Medium hyperparameters')
     # rows: A > 0 above 1+eps (clipped), A < 0 below 1-eps (clipped), A > 0 below (free), A < 0 above (free)
     adv = T([1.0, -1.0, 2.0, -3.0])
     logp_old = torch.zeros(4)

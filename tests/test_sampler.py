@@ -1,5 +1,6 @@
-"""sampler.py against independent oracles: torch.distributions, SPEC's formulas, diffusers' own pipeline, the
-naive completion loop; plus counting, determinism and numerical edge cases (SPEC 1-4)."""
+"""sampler.py against independent oracles: torch.distributions, the formulas of docs/method.md, diffusers' own
+pipeline, the naive completion loop; plus counting, determinism and numerical edge cases (paper Sec. 3, Sec. 4.1;
+docs/method.md, 'Flow matching and the Euler ODE step' to 'The batched wavefront')."""
 
 import math
 import os
@@ -26,7 +27,7 @@ def _setup(pipe, prompts, group, guidance=4.5, seed=0):
     """Conditioning and seeded generators/initial noise for len(prompts) x group trajectories."""
     cond = S.encode_prompts(pipe, prompts, guidance, max_sequence_length=16).repeat(group)
     gens = S.make_generators([S.member_seed(seed, 0, p, m) for p in range(len(prompts)) for m in range(group)])
-    x_T = S.draw_noise(gens, S.latent_shape(pipe, 16), "cpu")  # (n, C, H, W)
+    x_T = S.draw_noise(gens, S.latent_shape(pipe, 16), "cpu")  # (n, C, h, w)
     return cond, gens, x_T
 
 
@@ -38,7 +39,7 @@ def _rollout(pipe, grid, prompts=("a red cat", "two dogs"), group=3, guidance=4.
     return ro, cond
 
 
-# ---------------------------------------------------------------- single steps (SPEC 2)
+# ---------------------------------------------------------------- single steps ('The sde step', 'The cps step')
 
 
 def _random_step(i, n=4, seed=0):
@@ -114,7 +115,7 @@ def test_sde_step_rejects_bad_arguments(grid):
         S.sde_step(x, v, sigmas[0], sigmas[1], 0.7, "cps")
 
 
-# ---------------------------------------------------------------- rollouts and completions (SPEC 3-4)
+# ---------------------------------------------------------------- rollouts and completions (Sec. 4.1)
 
 
 def test_grid_comes_from_the_scheduler(pipe, grid):
@@ -157,7 +158,7 @@ def test_bf16_autocast_velocity_is_diffusers_pipelines_at_every_step(grid, guida
         assert len(seen) == T
         for i, (v_ref, t, x) in enumerate(seen):
             assert t.dtype == torch.float32 and t.item() == timesteps[i].item()
-            v = S.velocity(pipe.transformer, x.float(), timesteps[i].expand(2), cond, guidance)  # (2, C, H, W)
+            v = S.velocity(pipe.transformer, x.float(), timesteps[i].expand(2), cond, guidance)  # (2, C, h, w)
             bf16_ulp = 2.0 ** -8 * v_ref.float().abs().max().clamp_min(1).item()
             torch.testing.assert_close(v, v_ref.float(), rtol=0, atol=0 if guidance == 1 else bf16_ulp)
 
@@ -171,7 +172,8 @@ def test_batched_completions_equal_the_naive_loop(pipe, grid, w0, window, kind, 
     # the last window state, finished by the ODE, is the trajectory's own final latent
     last = S.ode_complete(pipe.transformer, ro.states[:, -1], w0 + window, cond, *grid, 4.5)
     torch.testing.assert_close(last, ro.final, rtol=0, atol=1e-5)
-    # R_0's completion is the pure-ODE image of the SAME initial noise (SPEC 4 deviation from the demo code)
+    # R_0's completion is the pure-ODE image of the SAME initial noise (a deviation from the demo code:
+    # docs/method.md, 'Conventions and deviations')
     pure = S.ode_complete(pipe.transformer, ro.x_T, 0, cond, *grid, 4.5)
     torch.testing.assert_close(ro.completions[:, 0], pure, rtol=0, atol=1e-5)
     # the completions are not all the same image: the window's noise moved the states

@@ -1,5 +1,6 @@
-"""Tests for turning_points.py: SPEC 5 worked examples, properties on seeded random groups, and the
-vectorized balancing against a plain-Python per-group oracle written from SPEC 5's wording."""
+"""Tests for turning_points.py: the worked examples of docs/method.md ('Worked examples'), properties on seeded
+random groups, and the vectorized balancing against a plain-Python per-group oracle written from the wording of
+Def. 4.1, Remark 4.2, Def. 5.1 and docs/method.md, 'Turning points' to 'Per-step rewards of the three methods'."""
 
 import pytest
 import torch
@@ -26,7 +27,8 @@ def sign(x):
 
 
 def oracle(R, group, rule):
-    """Plain Python, one trajectory / one group at a time, straight from SPEC 5. Returns (tp, kept, rewards)."""
+    """Plain Python, one trajectory / one group at a time, straight from docs/method.md's wording ('Turning
+    points' to 'Per-step rewards of the three methods'). Returns (tp, kept, rewards)."""
     N, W = len(R), len(R[0]) - 1
     tp = [[False] * W for _ in range(N)]
     for i, r in enumerate(R):
