@@ -126,8 +126,9 @@ PRESETS = {
                 output_dir="runs/ocr"),
     "geneval": dict(SD35M, rewards="geneval:1", prompts="dataset/geneval/train_metadata.jsonl",
                     eval_prompts="dataset/geneval/test_metadata.jsonl", output_dir="runs/geneval"),
-    # The toy world (toyworld.py): 32 px shapes, a programmatic colour+count reward, a ~0.6M-parameter
-    # pixel-space SD3 pretrained to get colours right and counts wrong. Sized for 2 CPU cores.
+    # The toy world (toyworld.py): 32 px shapes, a graded colour + count reward, a ~0.6M-parameter pixel-space SD3
+    # pretrained partly on captions that misname the colour (it draws the asked one about half the time). Sized for
+    # 2 CPU cores: about 3.5 minutes.
     # T = 6 with a 5-step window from step 0 is the paper's FLUX.1-dev schedule; the held-out evaluation is the
     # one the checkpoint ships values for (toyworld.HELDOUT_SETTINGS: 1024 images, fixed noise)
     "tiny": dict(toyworld.HELDOUT_SETTINGS, model=TOY_MODEL, prompts="toy:train", steps=toyworld.STEPS,
@@ -196,7 +197,7 @@ def parse_weights(spec: str) -> dict[str, float]:
 
 
 def load_prompt_set(spec: str):
-    """(prompts, metadata) from a file, or from the toy world's caption grammar ('toy:train' / 'toy:test')."""
+    """(prompts, metadata) from a file, or from the toy world's caption grammar ('toy:train' / 'toy:heldout')."""
     if spec.startswith("toy:"):
         split = spec.split(":", 1)[1]
         if split == "train":  # every (count, colour, shape) caption; new noise every iteration
