@@ -94,7 +94,7 @@ def bench_batch(pipe, cfg: train.Config, args, n: int) -> list[dict]:
         with autocast():
             ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
                            "cps", args.guidance, complete=complete, chunk_size=args.chunk_size)
-            counter = S.EvalCounter(ro.counter.evals, ro.counter.calls)
+            counter = S.EvalCounter(ro.counter.nfe, ro.counter.calls)
             if naive:
                 S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter)
         return counter, ro
@@ -105,13 +105,13 @@ def bench_batch(pipe, cfg: train.Config, args, n: int) -> list[dict]:
                                   ("(c) TP-GRPO, batched wavefront", True, False)]:
         row = measure(lambda: rollout(complete, naive), args)
         counter, ro = row.pop("out")
-        rows.append(dict(row, layout=name, evals=counter.evals / n, calls=counter.calls))
+        rows.append(dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls))
 
     # the VAE as train.py runs it (float32), and a bf16 copy of it for comparison
     vae_bf16 = types.SimpleNamespace(vae=copy.deepcopy(pipe.vae).bfloat16())
     for name, holder in [("(d) decode, VAE float32", pipe), ("(d') decode, VAE bf16", vae_bf16)]:
         row = measure(lambda: S.decode(holder, ro.final), args)
-        rows.append(dict(row, layout=name, evals=None, calls=None, out=None))
+        rows.append(dict(row, layout=name, nfe=None, calls=None, out=None))
 
     params = [p for p in pipe.transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
@@ -131,7 +131,7 @@ def bench_batch(pipe, cfg: train.Config, args, n: int) -> list[dict]:
         pipe.transformer.eval()
 
     row = measure(train_step, args)
-    rows.append(dict(row, layout=f"(e) training step, {cfg.window} steps", evals=None, calls=None))
+    rows.append(dict(row, layout=f"(e) training step, {cfg.window} steps", nfe=None, calls=None))
     return [dict(r, batch=n) for r in rows]
 
 
@@ -171,20 +171,20 @@ def run(args) -> list[dict]:
     print(f"size={args.size} device={args.device} dtype={str(args.dtype)[6:]} T={args.steps} W={args.window} w0=0 "
           f"CFG={args.guidance} {args.resolution} px, transformer "
           f"{sum(q.numel() for q in pipe.transformer.parameters()) / 1e9:.3g}B parameters with LoRA")
-    print(f"{'batch':>5}  {'phase':<34} {'evals/traj':>10} {'calls':>6} {'seconds':>9} {'TFLOP':>9} {'TFLOP/s':>8} "
+    print(f"{'batch':>5}  {'phase':<34} {'nfe/traj':>10} {'calls':>6} {'seconds':>9} {'TFLOP':>9} {'TFLOP/s':>8} "
           f"{'peak GiB':>8}")
     results = []
     for n in args.batches:
         rows = bench_batch(pipe, cfg, args, n)
         for r in rows:
             rate = r["flops"] / 1e12 / r["seconds"] if r["seconds"] else None
-            print(f"{n:>5}  {r['layout']:<34} {_cell(r['evals'], '.0f', 10)} {_cell(r['calls'], 'd', 6)} "
+            print(f"{n:>5}  {r['layout']:<34} {_cell(r['nfe'], '.0f', 10)} {_cell(r['calls'], 'd', 6)} "
                   f"{_cell(r['seconds'], '.3f', 9)} {r['flops'] / 1e12:>9.4g} {_cell(rate, '.3g', 8)} "
                   f"{_cell(r['peak_gib'], '.1f', 8)}")
         a, b, c = rows[:3]
         for label, x, y in [("ratio b/c (batching speed-up)", b, c), ("ratio c/a (cost of TP credit)", c, a)]:
             seconds = x["seconds"] / y["seconds"] if x["seconds"] else None
-            print(f"{n:>5}  {label:<34} {x['evals'] / y['evals']:>10.2f} {x['calls'] / y['calls']:>6.1f} "
+            print(f"{n:>5}  {label:<34} {x['nfe'] / y['nfe']:>10.2f} {x['calls'] / y['calls']:>6.1f} "
                   f"{_cell(seconds, '.2f', 9)} {x['flops'] / y['flops']:>9.2f}")  # FLOP ratio
         results += rows
     return results

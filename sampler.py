@@ -268,9 +268,10 @@ def encode_prompts(pipe, prompts: list[str], guidance_scale: float, max_sequence
 
 @dataclass
 class EvalCounter:
-    """Counts transformer work: `evals` = images x steps (a CFG pair counts once), `calls` = forward passes."""
+    """Counts transformer work: `nfe` (network function evaluations) = images x steps, a CFG pair counting once;
+    `calls` = forward passes."""
 
-    evals: int = 0
+    nfe: int = 0
     calls: int = 0
 
 
@@ -296,7 +297,7 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
     out = transformer(hidden_states=hidden, timestep=t.to(x.device, torch.float32), encoder_hidden_states=enc.to(dtype),
                       pooled_projections=pooled.to(dtype), return_dict=False)[0].float()  # (2n or n, C, h, w)
     if counter is not None:
-        counter.evals += n
+        counter.nfe += n
         counter.calls += 1
     if cond.neg_embeds is None:
         return out

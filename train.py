@@ -659,7 +659,7 @@ def main(cfg: Config) -> dict:
             with accelerator.autocast():  # bf16 base weights with float32 LoRA weights
                 ro = S.rollout(model, cond, x_T, gens, sigmas, timesteps, w0, W, cfg.noise_level, cfg.sampler,
                                cfg.guidance, complete=complete, chunk_size=cfg.chunk_size or None)
-            evals_count += ro.counter.evals
+            evals_count += ro.counter.nfe
             batches.append((ro, cond))
         timer["sample"] = time.perf_counter() - start
 

@@ -14,7 +14,7 @@ def _rows(results):
 def test_tiny_bench_times_and_counts_every_phase():
     rows = _rows(bench.main(["--batches", "4", "--repeats", "1"]))
     assert torch.is_grad_enabled()  # the benchmark leaves the global autograd mode as it found it
-    assert [rows[k]["evals"] for k in ("(a)", "(b)", "(c)")] == [10, 64, 55]  # T = 10, W = 9
+    assert [rows[k]["nfe"] for k in ("(a)", "(b)", "(c)")] == [10, 64, 55]  # T = 10, W = 9
     assert all(r["seconds"] > 0 and r["flops"] > 0 for r in rows.values())
     # FLOPs grow with evaluations exactly: 55 / 10 for the wavefront's completions
     assert rows["(c)"]["flops"] / rows["(a)"]["flops"] == pytest.approx(5.5, rel=1e-9)
@@ -27,7 +27,7 @@ def test_random_sd35m_on_the_meta_device_counts_flops_without_weights():
                              "--steps", "2", "--window", "1"]))
     assert all(r["seconds"] is None and r["flops"] > 0 for r in rows.values())
     # T = 2, W = 1: the demo layout adds a pure-ODE run for R_0 (2); the wavefront one branch step from s_0 (1)
-    assert [rows[k]["evals"] for k in ("(a)", "(b)", "(c)")] == [2, 4, 3]
+    assert [rows[k]["nfe"] for k in ("(a)", "(b)", "(c)")] == [2, 4, 3]
     # one 512 px image through SD3.5-M's transformer: ~2 x 2.2B weights x (1024 image + 205 text tokens), shared
     # between the two streams, plus attention: about 2.2 TFLOP (a CFG pair is two images)
     per_image = rows["(a)"]["flops"] / (2 * 2)

@@ -183,15 +183,15 @@ def test_batched_completions_equal_the_naive_loop(pipe, grid, w0, window, kind, 
 def test_counting_55_batched_64_demo_layout(pipe, grid):
     ro, cond = _rollout(pipe, grid, group=4)
     n = ro.x_T.shape[0]
-    assert ro.counter.evals == 55 * n and ro.counter.calls == T
+    assert ro.counter.nfe == 55 * n and ro.counter.calls == T
     flow_grpo, _ = _rollout(pipe, grid, group=4, complete=False)
-    assert flow_grpo.counter.evals == T * n and flow_grpo.counter.calls == T
+    assert flow_grpo.counter.nfe == T * n and flow_grpo.counter.calls == T
     naive = S.EvalCounter()
     S.complete_naive(pipe.transformer, ro, cond, 4.5, naive)
     # demo layout: 10 rollout + a pure-ODE run of 10 + completions of s_1..s_8 (9 + ... + 2)
-    assert flow_grpo.counter.evals + naive.evals == 64 * n
+    assert flow_grpo.counter.nfe + naive.nfe == 64 * n
     chunked, _ = _rollout(pipe, grid, group=4, chunk_size=5)
-    assert chunked.counter.evals == 55 * n and chunked.counter.calls > T
+    assert chunked.counter.nfe == 55 * n and chunked.counter.calls > T
 
 
 def test_same_seed_same_trajectory_bit_exact(pipe, grid):
