@@ -9,7 +9,7 @@ Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 
   (d) decoding n latents with the VAE in float32 (what train.py does, as the demo code), and (d') in bf16 for
       comparison: TP-GRPO decodes W+1 images per trajectory.
   (e) one training micro-batch of the n trajectories: W window steps of forward + backward through the LoRA
-      transformer (train.window_step_loss: the policy, the adapter-off reference when beta > 0, grpo_loss), then
+      transformer (policy.window_step_loss: the policy, the adapter-off reference when beta > 0, grpo_loss), then
       one AdamW step.
 
 An evaluation is one image through the transformer at one step (a CFG pair counts once); calls are forward
@@ -39,16 +39,17 @@ import types
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import config
+import policy
 import sampler as S
-import train
 
 
 def build(args):
     """The pipeline with a LoRA on its transformer (sampling runs with it too, as in train.py) and a Config."""
-    cfg = train.Config(guidance=args.guidance, noise_level=args.noise_level, window=args.window, steps=args.steps,
-                       gradient_checkpointing=args.gradient_checkpointing)
+    cfg = config.Config(guidance=args.guidance, noise_level=args.noise_level, window=args.window, steps=args.steps,
+                        gradient_checkpointing=args.gradient_checkpointing)
     pipe = S.load_pipeline(args.size, args.dtype, args.device)
-    train.add_lora(pipe.transformer, cfg)
+    policy.add_lora(pipe.transformer, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(","))
     if cfg.gradient_checkpointing:
         pipe.transformer.enable_gradient_checkpointing()
     return pipe, cfg
@@ -79,7 +80,7 @@ def measure(fn, args) -> dict:
     return row
 
 
-def bench_batch(pipe, cfg: train.Config, args, n: int) -> list[dict]:
+def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
     sigmas, timesteps = S.sigma_grid(pipe.scheduler, args.steps)
     shape = S.latent_shape(pipe, args.resolution)
     kind = args.device.split(":")[0]
@@ -121,8 +122,8 @@ def bench_batch(pipe, cfg: train.Config, args, n: int) -> list[dict]:
         pipe.transformer.train()
         for k in range(cfg.window):
             t = timesteps[k].expand(n)  # (n,)
-            loss, _, _ = train.window_step_loss(
-                pipe.transformer, lambda: train.reference_policy(pipe.transformer), ro.states[:, k],
+            loss, _, _ = policy.window_step_loss(
+                pipe.transformer, lambda: policy.reference_policy(pipe.transformer), ro.states[:, k],
                 ro.states[:, k + 1], t, cond, sigmas[k], sigmas[k + 1], ro.log_probs[:, k],
                 torch.randn(n, device=args.device), cfg, autocast=autocast)
             loss.backward()

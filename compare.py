@@ -22,8 +22,19 @@ import argparse
 import json
 import math
 import os
+import subprocess
+import sys
 
 import torch
+from matplotlib.figure import Figure
+
+import config
+import rewards
+import sampler as S
+import toyworld
+import turning_points as tp
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # every method is `train.py --task tiny` plus these flags and nothing else
 METHODS = {"flow-grpo": ["--algo", "flow-grpo"], "tp-grpo": ["--algo", "tp-grpo", "--tp-rule", "strict"],
@@ -33,7 +44,6 @@ SCORE = "eval/reward"  # the held-out score: the preset's reward on the held-out
 
 
 def run(args) -> None:
-    import train
     for method in args.methods:
         for seed in args.seeds:
             out = os.path.join(args.out, f"{method}-seed{seed}")
@@ -43,7 +53,8 @@ def run(args) -> None:
             argv = ["--task", "tiny", *METHODS[method], "--seed", str(seed), "--output-dir", out, "--report-to",
                     "none", *args.train_args]
             print("python train.py " + " ".join(argv))
-            train.main(train.parse_config(argv))
+            # a process per run: every run starts from the same fresh state, as when launched by hand
+            subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], check=True)
 
 
 def _finished(out: str, method: str) -> list[str]:
@@ -90,14 +101,12 @@ def _costs(seeds: list[dict]) -> dict[str, torch.Tensor]:
 
 
 def report(args) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     runs = _load(args.out)
     if "flow-grpo" not in runs:
         raise SystemExit(f"error: no finished flow-grpo runs under {args.out}; run `python compare.py run` first")
     os.makedirs(args.docs, exist_ok=True)
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8), dpi=110, sharey=True)
+    fig = Figure(figsize=(14, 3.8), dpi=110)
+    axes = fig.subplots(1, 3, sharey=True)
     for ax, (xkey, xlabel) in zip(axes, [("iteration", "iteration"), ("evaluations", "transformer evaluations"),
                                          ("seconds", "wall seconds (sampling + rewards + training)")]):
         for method, seeds in runs.items():
@@ -118,7 +127,6 @@ def report(args) -> str:
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(args.docs, "compare_curves.png"))
-    plt.close(fig)
 
     target = _smooth(_curve(runs["flow-grpo"], "reward/mean"))[:, -1].mean().item()
     lines = [f"| method | seeds | held-out before | held-out after | change +- SE over seeds | paired SE over images "
@@ -164,17 +172,7 @@ def report(args) -> str:
 def figures(args) -> None:
     """One prompt group of the shipped toy model: R_k along each trajectory with the kept turning points and their
     r_agg, and the filmstrip of one trajectory's ODE completions with their rewards."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    import rewards
-    import sampler as S
-    import toyworld
-    import train
-    import turning_points as tp
-
-    cfg = train.Config(**dict(train.PRESETS["tiny"], task="tiny"))
+    cfg = config.Config(**dict(config.PRESETS["tiny"], task="tiny"))
     pipe = S.load_pipeline(cfg.model)
     reward_fn = rewards.load_rewards({"toy": 1.0})
     prompt, G, W = args.prompt, args.group, cfg.window
@@ -188,12 +186,13 @@ def figures(args) -> None:
     images = S.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, h, w)
     R = reward_fn(images, [prompt] * len(images), [meta] * len(images))[0].reshape(G, W + 1)  # (G, W+1)
     group = torch.zeros(G, dtype=torch.long)
-    step_r, kept = tp.step_rewards(R, group, "tp-grpo", args.rule)  # (G, W), (G, W)
+    step_r, kept, detected = tp.step_rewards(R, group, "tp-grpo", args.rule)  # (G, W) x 3
     r_agg = tp.aggregated_rewards(R)  # (G, W)
-    print(tp.render_group(R, step_r, kept, tp.detect_turning_points(R, args.rule)))
+    print(tp.render_group(R, step_r, kept, detected))
 
     os.makedirs(args.docs, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=120)
+    fig = Figure(figsize=(6.5, 3.6), dpi=120)
+    ax = fig.subplots()
     for g in range(G):
         y = R[g]  # (W+1,)
         ax.plot(range(W + 1), y, "-", color="tab:gray", alpha=0.6, lw=1)
@@ -208,11 +207,11 @@ def figures(args) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(os.path.join(args.docs, "turning_points.png"))
-    plt.close(fig)
 
     with_tp = kept.any(1).nonzero().flatten().tolist()
     g = with_tp[0] if with_tp else 0
-    fig, axes = plt.subplots(1, W + 1, figsize=(1.1 * (W + 1), 1.6), dpi=120)
+    fig = Figure(figsize=(1.1 * (W + 1), 1.6), dpi=120)
+    axes = fig.subplots(1, W + 1)
     strip = images.reshape(G, W + 1, *images.shape[1:])[g]  # (W+1, 3, h, w)
     for k, ax in enumerate(axes):
         ax.imshow(strip[k].permute(1, 2, 0).numpy(), interpolation="nearest")
@@ -223,7 +222,6 @@ def figures(args) -> None:
                  fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(args.docs, "filmstrip.png"))
-    plt.close(fig)
     print(f"wrote {args.docs}/turning_points.png and {args.docs}/filmstrip.png")
 
 

@@ -28,10 +28,17 @@ import sys
 
 import numpy as np
 import torch
+from accelerate import Accelerator
+from matplotlib.figure import Figure
+from PIL import Image, ImageDraw, ImageFont
 
+import config
+import geneval
+import rewards
 import sampler as S
 
 EVAL_SEED = 2_000_003  # evaluation noise never coincides with a training seed's trajectories
+GRID_IMAGES = 32  # evaluation images shown in the grid picture (grid.png, train.py's samples_<tag>.png)
 
 
 def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, samples: int, steps: int,
@@ -66,9 +73,8 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     values = {k: v[keep] for k, v in values.items()}  # {metric: (M,)}
     summary = summarize(values)
     if "geneval_correct" in values:
-        import rewards
         tags = [metadata[i % len(prompts)].get("tag", "") for i in range(samples)]
-        summary.update(rewards.geneval_summary(values["geneval_correct"], tags))
+        summary.update(geneval.geneval_summary(values["geneval_correct"], tags))
     return {"summary": summary, "values": values, "images": images, "index": torch.tensor(mine)}
 
 
@@ -119,7 +125,6 @@ def save_grid(images: torch.Tensor, path: str, columns: int = 8, captions: list[
     Images smaller than GRID_CELL are enlarged by an integer factor with nearest-neighbour sampling (32-pixel toy
     images stay crisp and legible); `captions` (one per image, lines split at newlines) are written under each.
     """
-    from PIL import Image, ImageDraw, ImageFont
     M, _, H, W = images.shape
     scale = max(1, math.ceil(GRID_CELL / max(H, W)))
     h, w = H * scale, W * scale
@@ -142,31 +147,29 @@ def save_grid(images: torch.Tensor, path: str, columns: int = 8, captions: list[
     return np.asarray(canvas)
 
 
-def plot_history(history_path: str, png: str, evals: dict | None = None) -> None:
+def plot_history(history_path: str, png: str, summaries: dict | None = None) -> None:
     """The training reward (mean over the iteration's trajectories) against iterations, from metrics.jsonl, with
-    the held-out score at every evaluation; `evals` {"before": summary, "after": summary} adds the first and last
+    the held-out score at every evaluation; `summaries` {"before": summary, "after": summary} adds the first and last
     held-out points with their standard errors as error bars."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     if not os.path.exists(history_path):
         return
     rows = [json.loads(line) for line in open(history_path)]
-    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=120)
-    its, rewards = [r["iteration"] for r in rows], [r["reward/mean"] for r in rows]
-    ax.plot(its, rewards, color="tab:gray", alpha=0.5, lw=1, label="training reward (R_sde, each iteration)")
-    trailing = [sum(rewards[max(0, i - 4):i + 1]) / len(rewards[max(0, i - 4):i + 1]) for i in range(len(rewards))]
+    fig = Figure(figsize=(5.5, 3.4), dpi=120)
+    ax = fig.subplots()
+    its, reward = [r["iteration"] for r in rows], [r["reward/mean"] for r in rows]
+    ax.plot(its, reward, color="tab:gray", alpha=0.5, lw=1, label="training reward (R_sde, each iteration)")
+    trailing = [sum(reward[max(0, i - 4):i + 1]) / len(reward[max(0, i - 4):i + 1]) for i in range(len(reward))]
     ax.plot(its, trailing, color="black", lw=1.5, label="training reward, 5-iteration mean")
     points = [(r["iteration"], r["eval/reward"], r.get("eval/reward_se", 0.0)) for r in rows if "eval/reward" in r]
-    if evals and "before" in evals:
-        points.insert(0, (0, evals["before"]["eval/reward"], evals["before"]["eval/reward_se"]))
+    if summaries and "before" in summaries:
+        points.insert(0, (0, summaries["before"]["eval/reward"], summaries["before"]["eval/reward_se"]))
     if points:
         x, y, se = zip(*sorted(set(points)))
         ax.errorbar(x, y, yerr=se, fmt="o-", color="tab:red", capsize=3, label="held-out score (+- SE)")
         for xi, yi in ((x[0], y[0]), (x[-1], y[-1])):
             ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(4, 6), fontsize=8,
                         color="tab:red")
-    after = (evals or {}).get("after", {})
+    after = (summaries or {}).get("after", {})
     if "eval/change" in after:  # the paired change, the number that says whether the held-out score moved
         ax.set_title(f"held-out change {after['eval/change']:+.3f} +- {after['eval/change_se']:.3f} (paired SE) = "
                      f"{after['eval/change'] / max(after['eval/change_se'], 1e-12):+.1f} SE", fontsize=9)
@@ -176,7 +179,6 @@ def plot_history(history_path: str, png: str, evals: dict | None = None) -> None
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png)
-    plt.close(fig)
 
 
 def load_checkpoint_weights(pipe, checkpoint: str, ema: bool) -> str:
@@ -192,8 +194,7 @@ def load_checkpoint_weights(pipe, checkpoint: str, ema: bool) -> str:
     elif ema:
         raise ValueError(f"--ema: {checkpoint} has no lora_ema/ (was EMA off in training?); drop --ema")
     if os.path.isdir(os.path.join(folder, "transformer")):
-        from diffusers import SD3Transformer2DModel
-        pipe.transformer = SD3Transformer2DModel.from_pretrained(os.path.join(folder, "transformer")).to(
+        pipe.transformer = type(pipe.transformer).from_pretrained(os.path.join(folder, "transformer")).to(
             pipe.transformer.device, pipe.transformer.dtype).eval()
         return folder
     if not os.path.isfile(os.path.join(folder, "pytorch_lora_weights.safetensors")):
@@ -208,10 +209,9 @@ def load_checkpoint_weights(pipe, checkpoint: str, ema: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import train
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="tiny", help=f"preset for model, prompts, steps, CFG, rewards: "
-                   f"{', '.join(train.PRESETS)}")
+                   f"{', '.join(config.PRESETS)}")
     p.add_argument("--checkpoint", required=True, help="train.py checkpoint folder, a LoRA folder, or 'none'")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights (lora_ema/)")
     p.add_argument("--model", help="override the preset's base model")
@@ -223,27 +223,25 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch", type=int, default=16, help="images per sampling/reward call")
     p.add_argument("--output", help="folder for eval.json and grid.png (default: next to the checkpoint)")
     args = p.parse_args(argv)
-    if args.task not in train.PRESETS:
-        p.error(f"unknown task '{args.task}'; choose one of {', '.join(train.PRESETS)}")
-    cfg = train.Config(**dict(train.PRESETS[args.task], task=args.task))
+    if args.task not in config.PRESETS:
+        p.error(f"unknown task '{args.task}'; choose one of {', '.join(config.PRESETS)}")
+    cfg = config.Config(**dict(config.PRESETS[args.task], task=args.task))
     model = args.model or cfg.model
     steps, guidance = args.steps or cfg.eval_steps, args.guidance if args.guidance is not None else cfg.eval_guidance
     samples = args.samples or cfg.eval_samples
     out = args.output or (os.path.join(args.checkpoint, "eval") if args.checkpoint != "none"
                           else os.path.join(cfg.output_dir, "eval_base"))
 
-    from accelerate import Accelerator
-    import rewards
     accelerator = Accelerator()
     try:
-        prompts, metadata = train.load_prompt_set(args.prompts or cfg.eval_prompts)
+        prompts, metadata = config.load_prompt_set(args.prompts or cfg.eval_prompts)
         if args.checkpoint != "none" and not os.path.isdir(args.checkpoint):
             raise ValueError(f"checkpoint '{args.checkpoint}' is not a folder; pass one written by train.py")
         dtype = torch.bfloat16 if accelerator.device.type == "cuda" else torch.float32
         pipe = S.load_pipeline(model, dtype, accelerator.device)
         if args.checkpoint != "none":
             load_checkpoint_weights(pipe, args.checkpoint, args.ema)
-        reward_fn = rewards.load_rewards(train.parse_weights(args.rewards or cfg.rewards), accelerator.device,
+        reward_fn = rewards.load_rewards(config.parse_weights(args.rewards or cfg.rewards), accelerator.device,
                                          batch_size=args.batch)
     except (S.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
@@ -257,8 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
                        "steps": steps, "guidance": guidance, **summary,
                        "per_image": per_image(result["values"])},
                       f, indent=1)
-        save_grid(result["images"][:32], os.path.join(out, "grid.png"),
-                  captions=captions(prompts, result["index"][:32], result["values"]["reward"]))
+        save_grid(result["images"][:GRID_IMAGES], os.path.join(out, "grid.png"),
+                  captions=captions(prompts, result["index"][:GRID_IMAGES], result["values"]["reward"]))
         names = [k for k in summary if not k.endswith(("_std", "_se"))]
         print(f"{'metric':<28} {'mean':>10} {'std':>10} {'se':>10}   ({samples} images, {steps} steps, w={guidance})")
         for k in names:

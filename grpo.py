@@ -34,8 +34,9 @@ def _check_values(x, name):
     return x
 
 
-def _group_ids(group, n, device):
-    """Map arbitrary integer group ids to 0..n_groups-1. Returns (ids (N,) long, n_groups)."""
+def group_ids(group, n, device):
+    """Map arbitrary integer group ids (N,) to 0..n_groups-1 (also used by turning_points.py). Returns (ids (N,) long,
+    n_groups)."""
     if (not isinstance(group, torch.Tensor) or group.shape != (n,) or group.is_floating_point()
             or group.is_complex() or group.dtype == torch.bool):
         shape = tuple(group.shape) if isinstance(group, torch.Tensor) else type(group).__name__
@@ -64,7 +65,7 @@ def per_timestep_advantages(rewards, group, clip=5.0):
     if not clip > 0:
         raise ValueError(f"clip must be > 0 (advantages are clipped to [-clip, clip]), got {clip}")
     x = rewards if rewards.dim() == 2 else rewards[:, None]  # (N, W)
-    ids, n_groups = _group_ids(group, x.shape[0], x.device)  # (N,)
+    ids, n_groups = group_ids(group, x.shape[0], x.device)  # (N,)
     mean, std, constant = _group_stats(x, ids, n_groups)  # (n_groups, W) each
     # Sec. 4.3: A_{i,k} = (r_{i,k} - mean_g r_{.,k}) / (std_g r_{.,k} + 1e-4), population std over the group
     # (index_select rather than mean[ids]: advanced indexing was ~1000x slower on a loaded 2-core CPU)
@@ -91,7 +92,7 @@ def zero_std_fraction(values, group):
     A logged diagnostic (docs/method.md, 'The clipped loss')."""
     values = _check_values(values, "values")
     x = values if values.dim() == 2 else values[:, None]  # (N, W)
-    ids, n_groups = _group_ids(group, x.shape[0], x.device)  # (N,)
+    ids, n_groups = group_ids(group, x.shape[0], x.device)  # (N,)
     return _group_stats(x, ids, n_groups)[2].float().mean()
 
 

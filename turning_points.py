@@ -35,6 +35,8 @@ R = [0, 2, 1.5, 1.8, 0.1].
 
 import torch
 
+from grpo import group_ids
+
 ALGOS = ("tp-grpo", "flow-grpo", "incremental")
 RULES = ("strict", "base")
 
@@ -57,16 +59,6 @@ def _check_rewards(R):
     if not bool(torch.isfinite(R).all()):
         raise ValueError("R contains NaN or inf; check the reward function's outputs")
     return R
-
-
-def _group_ids(group, n, device):
-    """Map arbitrary integer group ids to 0..n_groups-1. Returns (ids (N,) long, n_groups)."""
-    if (not isinstance(group, torch.Tensor) or group.shape != (n,) or group.is_floating_point()
-            or group.is_complex() or group.dtype == torch.bool):
-        shape = tuple(group.shape) if isinstance(group, torch.Tensor) else type(group).__name__
-        raise ValueError(f"group must be an integer tensor of shape ({n},) (one prompt id per row of R), got {shape}")
-    uniq, ids = torch.unique(group.to(device), return_inverse=True)  # (n_groups,), (N,)
-    return ids, uniq.numel()
 
 
 def incremental_rewards(R):
@@ -127,7 +119,7 @@ def balance_turning_points(turning_points, r_agg, group):
     if turning_points.shape != r_agg.shape or turning_points.dim() != 2 or turning_points.dtype != torch.bool:
         raise ValueError(f"turning_points must be a bool (N, W) mask shaped like r_agg {tuple(r_agg.shape)}, "
                          f"got {turning_points.dtype} {tuple(turning_points.shape)}")
-    ids, n_groups = _group_ids(group, r_agg.shape[0], r_agg.device)  # (N,)
+    ids, n_groups = group_ids(group, r_agg.shape[0], r_agg.device)  # (N,)
     cand = turning_points & (r_agg != 0)  # (N, W)
     rows, cols = cand.nonzero(as_tuple=True)  # (M,), (M,) in row-major order = the tie-break order
     value = r_agg[rows, cols]  # (M,)
@@ -151,28 +143,31 @@ def balance_turning_points(turning_points, r_agg, group):
 
 
 def step_rewards(R, group, algo="tp-grpo", rule="strict"):
-    """Per-step rewards (N, W) and the mask (N, W) bool of turning points whose reward was replaced.
+    """Per-step rewards (N, W), the mask (N, W) bool of turning points whose reward was replaced, and the turning
+    points `rule` detects before balancing (N, W) bool (detect_turning_points; training logs their rate).
 
     algo "tp-grpo": r_k = r_agg_k at kept turning points, d_k elsewhere; "flow-grpo": r_k = R_sde on every
     step (the baseline); "incremental": r_k = d_k (ablation, no turning points). The mask is all False for the
-    last two. `rule` ("strict" = Def. 5.1, the paper's headline variant; "base" = Def. 4.1) only matters for
-    tp-grpo.
+    last two, which replace nothing, but the detected turning points are returned for every algo: how often
+    they happen is worth seeing whichever method trains. `rule` ("strict" = Def. 5.1, the paper's headline
+    variant; "base" = Def. 4.1) decides which are detected.
     """
     _check_choice(algo, ALGOS, "algo")
     _check_choice(rule, RULES, "rule")
     R = _check_rewards(R)
-    _group_ids(group, R.shape[0], R.device)
+    group_ids(group, R.shape[0], R.device)
     d = incremental_rewards(R)  # (N, W)
+    detected = detect_turning_points(R, rule)  # (N, W)
     none = torch.zeros_like(d, dtype=torch.bool)  # (N, W)
     if algo == "flow-grpo":
         # Flow-GRPO: the outcome reward copied to every window step
-        return R[:, -1:].expand_as(d).clone(), none  # (N, W)
+        return R[:, -1:].expand_as(d).clone(), none, detected  # (N, W) x 3
     if algo == "incremental":
-        return d, none
+        return d, none, detected
     r_agg = aggregated_rewards(R)  # (N, W)
-    kept = balance_turning_points(detect_turning_points(R, rule), r_agg, group)  # (N, W)
+    kept = balance_turning_points(detected, r_agg, group)  # (N, W)
     # r_k = r_agg_k if step k is a kept turning point (and r_agg_k != 0, ensured by balancing), else d_k
-    return torch.where(kept, r_agg, d), kept  # (N, W), (N, W)
+    return torch.where(kept, r_agg, d), kept, detected  # (N, W) x 3
 
 
 def render_group(R, rewards, mask, detected=None, digits=2):

@@ -8,6 +8,7 @@ import sys
 import torch
 from accelerate import Accelerator
 
+import config
 import train
 
 out = sys.argv[1]
@@ -18,9 +19,9 @@ R = (torch.rand(N, W + 1, generator=g) * 4).round() / 4  # (N, W+1) few levels: 
 mine = torch.arange(accelerator.process_index, N, accelerator.num_processes)  # strided: groups span processes
 result = {"mine": mine, "R": R}
 for algo in ("tp-grpo", "flow-grpo", "incremental"):
-    cfg = train.Config(algo=algo, prompts_per_iter=N // G, group_size=G, window=W)
+    cfg = config.Config(algo=algo, prompts_per_iter=N // G, group_size=G, window=W)
     R_mine = R[mine] if algo != "flow-grpo" else R[mine][:, -1:]  # Flow-GRPO scores the final image only
-    _, _, _, adv = train.assign_credit(accelerator, R_mine, mine, cfg)
+    *_, adv = train.assign_credit(accelerator, R_mine, mine, cfg)
     result[algo] = adv.cpu()
 torch.save(result, os.path.join(out, f"rank{accelerator.process_index}.pt"))
 accelerator.wait_for_everyone()

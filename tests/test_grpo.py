@@ -48,7 +48,7 @@ def oracle_advantages(x, group, clip=5.0):
 def test_per_timestep_advantages_match_oracle(seed, levels):
     R, group = random_batch(seed, levels=levels)
     for algo in ("tp-grpo", "incremental", "flow-grpo"):
-        rewards, _ = step_rewards(R, group, algo=algo)
+        rewards, _, _ = step_rewards(R, group, algo=algo)
         adv = per_timestep_advantages(rewards, group)
         assert adv.dtype == torch.float32 and adv.shape == rewards.shape
         torch.testing.assert_close(adv.double(), oracle_advantages(rewards, group), atol=2e-5, rtol=1e-5)
@@ -56,7 +56,7 @@ def test_per_timestep_advantages_match_oracle(seed, levels):
 
 def test_group_mean_zero_and_unit_std_at_each_step():
     R, group = random_batch(11, dtype=torch.float64)
-    rewards, _ = step_rewards(R, group)
+    rewards, _, _ = step_rewards(R, group)
     adv = per_timestep_advantages(rewards, group)
     assert adv.dtype == torch.float64  # float64 in, float64 out
     for g in group.unique():
@@ -105,7 +105,7 @@ def test_flow_grpo_advantages_are_the_group_normalized_outcome_on_every_step():
     expected = oracle_advantages(R[:, -1:], group).expand(-1, W)
     torch.testing.assert_close(adv.double(), expected, atol=2e-5, rtol=1e-5)
     # ... which is what per-timestep normalization of the flow-grpo step rewards gives.
-    rewards, _ = step_rewards(R, group, algo="flow-grpo")
+    rewards, _, _ = step_rewards(R, group, algo="flow-grpo")
     assert torch.equal(per_timestep_advantages(rewards, group), adv)
 
 
@@ -127,7 +127,7 @@ def test_step_rewards_plus_advantages_are_fast_at_paper_scale():
     per_timestep_advantages(step_rewards(R, group)[0], group)  # warm-up
     start = time.perf_counter()
     for algo in ("tp-grpo", "flow-grpo"):
-        rewards, mask = step_rewards(R, group, algo=algo)
+        rewards, mask, _ = step_rewards(R, group, algo=algo)
         per_timestep_advantages(rewards, group)
     assert time.perf_counter() - start < 1.0
 

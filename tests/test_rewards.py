@@ -13,11 +13,13 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPTokenizer, Mask2FormerConfig, SwinConfig
 
+import geneval
 import rewards
-from rewards import (GENEVAL_CLASSES, RewardLoadError, clip_preprocess, compute_iou, geneval_judge, geneval_summary,
-                     load_prompts, load_rewards, mask2former_inputs, mask2former_instances, masks_to_boxes,
-                     object_crops, ocr_reward, ocr_target, zero_shot_weights,
-                     relative_position, select_objects)
+from config import load_prompts
+from geneval import (GENEVAL_CLASSES, compute_iou, geneval_judge, geneval_summary, mask2former_inputs,
+                     mask2former_instances, masks_to_boxes, object_crops, relative_position, select_objects,
+                     zero_shot_weights)
+from rewards import RewardLoadError, clip_preprocess, load_rewards, ocr_reward, ocr_target
 
 # ---------------------------------------------------------------------------------------------------------------
 # Tiny models, saved once per module.
@@ -455,7 +457,7 @@ def test_zero_shot_weights_average_each_class_templates():
 
 def test_geneval_tiny_models_end_to_end(mask2former_dir, clip_dir, monkeypatch):
     # 48 x 80 at a 256 shortest edge -> 256 x 427, padded to 448: the padding is cropped off the mask logits.
-    monkeypatch.setattr(rewards, "M2F_SHORT", 256)
+    monkeypatch.setattr(geneval, "M2F_SHORT", 256)
     score = load_rewards({"geneval": 1.0}, model_paths={"mask2former": mask2former_dir, "clip_l14": clip_dir},
                          batch_size=2)
     metadata = [
@@ -475,11 +477,11 @@ def test_geneval_tiny_models_end_to_end(mask2former_dir, clip_dir, monkeypatch):
 
 def test_geneval_colour_classifier_decides_colour_prompts(mask2former_dir, clip_dir, monkeypatch):
     """The same image asked for each of the 10 colours: the CLIP colour of the best car matches exactly one."""
-    monkeypatch.setattr(rewards, "M2F_SHORT", 128)  # a small detector input keeps this test fast
+    monkeypatch.setattr(geneval, "M2F_SHORT", 128)  # a small detector input keeps this test fast
     score = load_rewards({"geneval": 1.0}, model_paths={"mask2former": mask2former_dir, "clip_l14": clip_dir},
                          batch_size=5)
     metadata = [{"tag": "colors", "include": [{"class": "car", "count": 1, "color": c}]}
-                for c in rewards.GENEVAL_COLORS]
+                for c in geneval.GENEVAL_COLORS]
     images = smooth_images(1, 48, 48, seed=3).expand(10, -1, -1, -1)  # (10, 3, 48, 48)
     _, parts = score(images, ["a car"] * 10, metadata)
     assert parts["geneval_correct"].sum() == 1

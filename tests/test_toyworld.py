@@ -1,13 +1,17 @@
-"""Tests of toyworld.py: caption grammar, renderer and split, the programmatic reward (oracle: the rendered ground
-truth and hand-built images), the shipped checkpoint, and the pretraining routine."""
+"""Tests of toyworld.py and toymodel.py: caption grammar, renderer and split, the programmatic reward (oracle: the
+rendered ground truth and hand-built images), the shipped checkpoint, and the pretraining routine."""
 
+import json
 import os
 
 import numpy as np
 import pytest
 import torch
 
+import config
+import rewards
 import sampler
+import toymodel
 import toyworld as tw
 
 MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "toy_model")
@@ -70,9 +74,9 @@ def test_split_is_disjoint_deterministic_and_covers_the_world():
 def test_misnamed_colours_are_wrong_at_the_rate_asked_and_leave_the_rest_true():
     _, metas, _ = tw.dataset("train", 0, 4000)
     gen = torch.Generator().manual_seed(0)
-    assert tw.misname_colours(metas, 0.0, gen) == [tw.caption(m) for m in metas]
+    assert toymodel.misname_colours(metas, 0.0, gen) == [tw.caption(m) for m in metas]
     assert torch.equal(gen.get_state(), torch.Generator().manual_seed(0).get_state())  # clean runs replay exactly
-    noisy = [tw.parse_caption(p) for p in tw.misname_colours(metas, 0.25, torch.Generator().manual_seed(0))]
+    noisy = [tw.parse_caption(p) for p in toymodel.misname_colours(metas, 0.25, torch.Generator().manual_seed(0))]
     assert all(n["count"] == m["count"] and n["shape"] == m["shape"] for n, m in zip(noisy, metas))
     wrong = [(m["color"], n["color"]) for n, m in zip(noisy, metas) if n["color"] != m["color"]]
     assert abs(len(wrong) / len(metas) - 0.25) < 0.03  # binomial SE ~0.007
@@ -80,10 +84,10 @@ def test_misnamed_colours_are_wrong_at_the_rate_asked_and_leave_the_rest_true():
     for true in tw.COLORS:
         named = [n for t, n in wrong if t == true]
         assert all(abs(named.count(c) / len(named) - 1 / 3) < 0.1 for c in tw.COLORS if c != true), (true, named)
-    always = tw.misname_colours(metas[:50], 1.0, torch.Generator().manual_seed(1))
+    always = toymodel.misname_colours(metas[:50], 1.0, torch.Generator().manual_seed(1))
     assert all(tw.parse_caption(p)["color"] != m["color"] for p, m in zip(always, metas))
     with pytest.raises(ValueError, match="colour_noise"):
-        tw.pretrain(None, steps=1, colour_noise=1.5)
+        toymodel.pretrain(None, steps=1, colour_noise=1.5)
 
 
 def test_renderer_never_lets_objects_touch():
@@ -218,7 +222,6 @@ def test_colour_is_read_through_white_blending():
 
 
 def test_reward_api_for_rewards_py():
-    import rewards
     prompts, metas, seeds = tw.dataset("heldout", 0, 8)
     images = tw.render(metas, seeds)
     images[:4] = 1.0  # four blank images: no object at all
@@ -243,7 +246,7 @@ def test_shipped_checkpoint_loads_through_the_sampler_and_draws_finite_images():
     assert size < 5 * 2**20, f"toy_model/ is {size / 2**20:.1f} MiB"
     pipe = sampler.load_pipeline(MODEL)
     assert pipe.vae is None and pipe.transformer.config.in_channels == 3 and pipe.scheduler.config.shift == 3.0
-    result = tw.evaluate(pipe, samples=96)  # T = 6, no CFG: the tiny preset's evaluation, first 96 images
+    result = toymodel.evaluate(pipe, samples=96)  # T = 6, no CFG: the tiny preset's evaluation, first 96 images
     images = result["images"]
     assert images.shape == (96, 3, 32, 32) and torch.isfinite(images).all()
     assert images.min() >= 0 and images.max() <= 1
@@ -255,13 +258,11 @@ def test_shipped_checkpoint_loads_through_the_sampler_and_draws_finite_images():
 def test_shipped_heldout_values_are_a_fresh_evaluation_of_the_checkpoint():
     # train.py --task tiny reads toy_model/heldout_eval.json as its evaluation before training: it must be what
     # the checkpoint scores now (here the first 64 of the 1024 images, recomputed), under the preset's settings.
-    import json
-    import train
     saved = json.load(open(os.path.join(MODEL, tw.HELDOUT_EVAL)))
-    cfg = train.parse_config(["--task", "tiny"])
+    cfg = config.parse_config(["--task", "tiny"])
     assert saved["settings"] == {k: getattr(cfg, k) for k in saved["settings"]}
     assert {len(v) for v in saved["per_image"].values()} == {tw.HELDOUT_SIZE}
-    fresh = tw.evaluate(sampler.load_pipeline(MODEL), samples=64)["values"]
+    fresh = toymodel.evaluate(sampler.load_pipeline(MODEL), samples=64)["values"]
     for name, key in [("reward", "score"), ("toy_colour", "colour"), ("toy_count", "count"), ("toy_strict", "strict")]:
         torch.testing.assert_close(torch.tensor(saved["per_image"][name][:64]), fresh[key], rtol=0, atol=1e-6)
     score = torch.tensor(saved["per_image"]["reward"])  # (1024,) the checkpoint's held-out score: room to learn
@@ -270,15 +271,15 @@ def test_shipped_heldout_values_are_a_fresh_evaluation_of_the_checkpoint():
 
 def test_pretraining_is_seeded_and_decreases_the_loss(tmp_path):
     quiet = lambda line: None  # noqa: E731
-    a = tw.pretrain(None, steps=2, batch=4, eval_every=0, log=quiet)["losses"]
-    b = tw.pretrain(None, steps=2, batch=4, eval_every=0, log=quiet)["losses"]
+    a = toymodel.pretrain(None, steps=2, batch=4, eval_every=0, log=quiet)["losses"]
+    b = toymodel.pretrain(None, steps=2, batch=4, eval_every=0, log=quiet)["losses"]
     assert a == b
     # A tiny budget with a larger learning rate (the warm-up is 50 steps): the loss must already fall by > 20%.
-    losses = tw.pretrain(str(tmp_path / "m"), steps=16, batch=8, lr=2e-3, eval_every=0, log=quiet)["losses"]
+    losses = toymodel.pretrain(str(tmp_path / "m"), steps=16, batch=8, lr=2e-3, eval_every=0, log=quiet)["losses"]
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
     assert sampler.load_pipeline(str(tmp_path / "m")).vae is None
     # --init continues from the saved weights: its first loss (same batch, same noise) is the trained model's
-    resumed = tw.pretrain(None, steps=1, batch=8, eval_every=0, init=str(tmp_path / "m"), log=quiet)["losses"]
+    resumed = toymodel.pretrain(None, steps=1, batch=8, eval_every=0, init=str(tmp_path / "m"), log=quiet)["losses"]
     assert resumed[0] < 0.8 * losses[0], (resumed, losses)
 
 
@@ -286,12 +287,12 @@ def test_the_one_command_recipe_equals_its_two_phases_run_apart(tmp_path):
     # make_toy_model (phase 1 in memory, then phase 2) must give the very weights of phase 1 saved to disk and
     # phase 2 started from that folder: the shipped checkpoint was checked this way against its full recipe.
     quiet = lambda line: None  # noqa: E731
-    one = tw.make_toy_model(None, steps=2, noisy_steps=2, eval_every=0, log=quiet)
-    tw.pretrain(str(tmp_path / "p1"), steps=2, eval_every=0, log=quiet)
-    two = tw.pretrain(None, steps=2, lr=tw.NOISY_LR, colour_noise=tw.COLOUR_NOISE, init=str(tmp_path / "p1"),
+    one = toymodel.make_toy_model(None, steps=2, noisy_steps=2, eval_every=0, log=quiet)
+    toymodel.pretrain(str(tmp_path / "p1"), steps=2, eval_every=0, log=quiet)
+    two = toymodel.pretrain(None, steps=2, lr=toymodel.NOISY_LR, colour_noise=toymodel.COLOUR_NOISE, init=str(tmp_path / "p1"),
                       eval_every=0, log=quiet)
     assert one["losses"] == two["losses"]
     a, b = one["pipe"].transformer.state_dict(), two["pipe"].transformer.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="needs init"):
-        tw.make_toy_model(None, steps=0)
+        toymodel.make_toy_model(None, steps=0)

@@ -3,23 +3,31 @@ weights move and base weights do not, the saved LoRA loads into diffusers, resum
 (gloo) stay in sync and agree with one process on advantages, evaluation writes finite metrics, bad input exits
 with one clear line."""
 
+import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
-from PIL import Image
 import torch
+from diffusers import SD3Transformer2DModel
+from peft.tuners.lora import LoraLayer
+from PIL import Image
 from safetensors.torch import load_file
 
+import config
 import evaluate
 import grpo
 import sampler as S
+import toyworld
 import train
 import turning_points as tp
+from policy import EMA, add_lora
+from tests import train_worker  # noqa: F401 (registers the 'half_constant' reward)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1", "--resolution", "16",
@@ -30,7 +38,7 @@ FAST = ["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:
 
 def run(tmp_path, *extra, name="run"):
     out = str(tmp_path / name)
-    return train.main(train.parse_config(FAST + ["--output-dir", out, *extra])), out
+    return train.main(config.parse_config(FAST + ["--output-dir", out, *extra])), out
 
 
 def lora_file(out, iteration, sub="lora"):
@@ -49,7 +57,7 @@ def test_two_iterations_train_lora_only(tmp_path, algo):
     # exactly the rollout's velocities, so rho = exp(logp - logp_old) is exactly 1 there
     assert [h["train/first_ratio_dev"] for h in history] == [0.0, 0.0]
     assert max(h["train/ratio_max"] for h in history) > 1  # ...while later micro-batches have moved
-    trained = result["transformer"]
+    trained = result["policy"]
     fresh = S.tiny_pipeline().transformer.state_dict()
     lora = {k: v for k, v in trained.named_parameters() if "lora_" in k}
     assert lora and all(v.requires_grad for v in lora.values())
@@ -64,15 +72,13 @@ def test_two_iterations_train_lora_only(tmp_path, algo):
 
 
 def _adapted(transformer) -> set[str]:
-    from peft.tuners.lora import LoraLayer
     return {name for name, m in transformer.named_modules() if isinstance(m, LoraLayer)}
 
 
 def test_lora_targets_are_the_demo_codes_191_joint_attention_projections_on_sd35m():
-    from diffusers import SD3Transformer2DModel
     with torch.device("meta"):  # SD3.5-M's 2.2B parameters as shapes only
         transformer = SD3Transformer2DModel(**S.SD35M_TRANSFORMER)
-    train.add_lora(transformer, train.Config())
+    add_lora(transformer, 32, 64, config.Config().lora_targets.split(","))
     both_streams = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     # the last block is context_pre_only: its text stream has no output projection (to_add_out)
     expected = {f"transformer_blocks.{b}.attn.{m}" for b in range(24) for m in both_streams
@@ -81,11 +87,11 @@ def test_lora_targets_are_the_demo_codes_191_joint_attention_projections_on_sd35
     # bare suffixes (this project's old default) adapt attn2 and miss the text stream: 148 layers
     with torch.device("meta"):
         transformer = SD3Transformer2DModel(**S.SD35M_TRANSFORMER)
-    train.add_lora(transformer, train.Config(lora_targets="to_q,to_k,to_v,to_out.0"))
+    add_lora(transformer, 32, 64, ["to_q", "to_k", "to_v", "to_out.0"])
     bare = _adapted(transformer)
     assert len(bare) == 148 and sum(".attn2." in name for name in bare) == 52
     # the tiny test model still gets adapters on both streams
-    tiny = train.add_lora(S.tiny_pipeline().transformer, train.Config())
+    tiny = add_lora(S.tiny_pipeline().transformer, 32, 64, config.Config().lora_targets.split(","))
     assert len(_adapted(tiny)) == 15 and "transformer_blocks.0.attn.add_q_proj" in _adapted(tiny)
 
 
@@ -101,7 +107,6 @@ def test_spread_kept_deals_the_kept_rows_evenly_over_micro_batches():
 
 
 def test_zero_advantage_filter_changes_nothing_else(tmp_path):
-    from tests.train_worker import load_half_constant  # noqa: F401 (registers the 'half_constant' reward)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("constant: a red cube\na blue ball\n")
     half = ["--rewards", "half_constant:1", "--prompts", str(prompts)]
@@ -125,7 +130,7 @@ def test_zero_advantage_filter_changes_nothing_else(tmp_path):
 
 def test_ema_follows_flow_grpos_warm_up_schedule():
     p = torch.nn.Parameter(torch.zeros(2))
-    ema = train.EMA([p], decay=0.9, every=8)
+    ema = EMA([p], decay=0.9, every=8)
     seen = []
     for s in range(24):  # optimizer step s sets the weights to s + 1
         p.data.fill_(s + 1.0)
@@ -152,9 +157,9 @@ def test_saved_lora_loads_into_diffusers_and_reproduces_the_policy(tmp_path):
     pipe.load_lora_weights(os.path.join(folder, "lora"))
     loaded = S.generate(pipe, prompts, seeds, 10, 4.5, 16, 32)
     assert (loaded - base).abs().max() > 1e-4  # the LoRA changes the output...
-    policy = S.tiny_pipeline()
-    policy.transformer = result["transformer"].eval()
-    torch.testing.assert_close(loaded, S.generate(policy, prompts, seeds, 10, 4.5, 16, 32), rtol=0, atol=1e-5)
+    trained = S.tiny_pipeline()
+    trained.transformer = result["policy"].eval()
+    torch.testing.assert_close(loaded, S.generate(trained, prompts, seeds, 10, 4.5, 16, 32), rtol=0, atol=1e-5)
     # ...and is exactly the trained policy; the EMA weights are saved beside it and differ from the live ones
     live, ema = lora_file(out, 2), lora_file(out, 2, "lora_ema")
     assert live.keys() == ema.keys() and any(not torch.equal(live[k], ema[k]) for k in live)
@@ -258,7 +263,7 @@ def _fails(tmp_path, capsys, argv, needle, program=train):
     out = tmp_path / "bad"
     with pytest.raises(SystemExit) as err:
         if program is train:
-            train.main(train.parse_config(FAST + ["--output-dir", str(out), *argv]))
+            train.main(config.parse_config(FAST + ["--output-dir", str(out), *argv]))
         else:
             evaluate.main(argv)
     message = str(err.value.code) if not isinstance(err.value.code, int) else capsys.readouterr().err
@@ -297,23 +302,22 @@ def test_unreadable_checkpoints(tmp_path, capsys):
 
 def test_help_explains_every_field(capsys):
     with pytest.raises(SystemExit):
-        train.parse_config(["--help"])
+        config.parse_config(["--help"])
     text = capsys.readouterr().out
-    import dataclasses
-    for f in dataclasses.fields(train.Config):
+    for f in dataclasses.fields(config.Config):
         assert "--" + f.name.replace("_", "-") in text
     assert "W, number of SDE" in text and "epsilon, the ratio clip" in text
 
 
 def test_tiny_task_runs_from_the_shipped_toy_checkpoint_in_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the preset finds toy_model/ beside train.py, not in the working directory
-    result = train.main(train.parse_config(
+    result = train.main(config.parse_config(
         ["--task", "tiny", "--iterations", "2", "--eval-samples", "16", "--prompts-per-iter", "2",
          "--group-size", "4", "--sample-batch", "8", "--train-batch", "4", "--report-to", "none"]))
     out = str(tmp_path / "runs" / "tiny")
     values = {}
     for tag in ("before", "after"):
-        summary = result["evals"][tag]
+        summary = result["summaries"][tag]
         assert 0 <= summary["eval/toy_strict"] <= 1 and 0 <= summary["eval/reward"] <= 1
         grid = Image.open(os.path.join(out, f"samples_{tag}.png"))
         assert grid.width >= 8 * 128  # 32-pixel images enlarged to legible cells, captions below
@@ -321,7 +325,7 @@ def test_tiny_task_runs_from_the_shipped_toy_checkpoint_in_any_directory(tmp_pat
         values[tag] = torch.tensor(written["per_image"]["reward"])  # (16,)
         assert len(values[tag]) == 16 and abs(values[tag].mean().item() - summary["eval/reward"]) < 1e-6
     d = values["after"] - values["before"]  # (16,) the same images before and after: a paired change
-    after = result["evals"]["after"]
+    after = result["summaries"]["after"]
     assert after["eval/change"] == pytest.approx(d.mean().item(), abs=1e-6)
     assert after["eval/change_se"] == pytest.approx(d.std().item() / 4, abs=1e-6)
     history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -337,10 +341,8 @@ def test_tiny_task_runs_from_the_shipped_toy_checkpoint_in_any_directory(tmp_pat
 def test_shipped_heldout_values_stand_in_for_the_evaluation_before_training(tmp_path, capsys, tamper):
     # A copy of the toy checkpoint whose shipped values cover this run's evaluation (its first 40 images); the run
     # recomputes only the grid's 32 images, and evaluates everything when they disagree (tamper: one is off).
-    import shutil
-    import toyworld
     model = tmp_path / "model"
-    shutil.copytree(train.TOY_MODEL, model)
+    shutil.copytree(config.TOY_MODEL, model)
     saved = json.load(open(model / toyworld.HELDOUT_EVAL))
     saved["settings"]["eval_samples"] = 40
     saved["per_image"] = {k: v[:40] for k, v in saved["per_image"].items()}
@@ -348,7 +350,7 @@ def test_shipped_heldout_values_stand_in_for_the_evaluation_before_training(tmp_
         saved["per_image"]["reward"][3] += 0.5
     json.dump(saved, open(model / toyworld.HELDOUT_EVAL, "w"))
     out = tmp_path / "run"
-    train.main(train.parse_config(["--task", "tiny", "--model", str(model), "--iterations", "1", "--eval-samples",
+    train.main(config.parse_config(["--task", "tiny", "--model", str(model), "--iterations", "1", "--eval-samples",
                                    "40", "--prompts-per-iter", "2", "--group-size", "4", "--sample-batch", "8",
                                    "--train-batch", "4", "--output-dir", str(out), "--report-to", "none"]))
     before = json.load(open(out / "eval_before.json"))["per_image"]["reward"]
@@ -362,4 +364,4 @@ def test_shipped_heldout_values_stand_in_for_the_evaluation_before_training(tmp_
     keep = torch.arange(40) != 3
     assert torch.allclose(torch.tensor(before)[keep], shipped[keep], atol=1e-5)
     # other evaluation settings than the shipped ones: no stand-in
-    assert train.shipped_eval_before(train.parse_config(["--task", "tiny", "--model", str(model)])) is None
+    assert train.shipped_eval_before(config.parse_config(["--task", "tiny", "--model", str(model)])) is None

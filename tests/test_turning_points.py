@@ -80,7 +80,7 @@ def test_worked_example_1_both_rules():
     close(incremental_rewards(R), [[-0.10, 0.05, 0.15, 0.10]])
     assert trend_agreement(R).tolist() == [[-1, 1, 1, 1]]
     for rule in ("strict", "base"):
-        rewards, mask = step_rewards(R, T([0]), rule=rule)
+        rewards, mask, _ = step_rewards(R, T([0]), rule=rule)
         assert detect_turning_points(R, rule).tolist() == [[False, True, False, False]]
         assert mask.tolist() == [[False, True, False, False]]
         close(aggregated_rewards(R)[0, 1], 0.30)
@@ -92,10 +92,10 @@ def test_worked_example_2_base_credits_a_rising_step_negatively_strict_does_not(
     close(global_trend(R), [0.1])
     close(incremental_rewards(R), [[2.0, -0.5, 0.3, -1.7]])
     assert trend_agreement(R).tolist() == [[1, -1, 1, -1]]
-    rewards, mask = step_rewards(R, T([0]), rule="base")
+    rewards, mask, _ = step_rewards(R, T([0]), rule="base")
     assert mask.tolist() == [[True, False, True, False]]
     close(rewards, [[0.1, -0.5, -1.4, -1.7]])
-    rewards, mask = step_rewards(R, T([0]), rule="strict")
+    rewards, mask, _ = step_rewards(R, T([0]), rule="strict")
     assert not detect_turning_points(R, "strict").any() and not mask.any()
     close(rewards, incremental_rewards(R))
 
@@ -104,7 +104,7 @@ def test_worked_example_3_balancing_keeps_the_larger_positive():
     R = T(EX3)
     assert detect_turning_points(R, "strict").tolist() == [[False, True, False, False], [True, False, False, False],
                                                            [False, True, False, False]]
-    rewards, mask = step_rewards(R, T([5, 5, 5]), rule="strict")
+    rewards, mask, _ = step_rewards(R, T([5, 5, 5]), rule="strict")
     assert mask.tolist() == [[False, False, False, False], [True, False, False, False], [False, True, False, False]]
     close(rewards, EX3_REWARDS)
 
@@ -113,7 +113,7 @@ def test_groups_are_balanced_separately_wherever_their_rows_are():
     # Example 3 (id 9) interleaved with example 2 (id -4) and example 1 alone (id 123456789).
     R = T([EX3[0], EX2, EX3[1], EX1, EX3[2]])
     group = T([9, -4, 9, 123456789, 9])
-    rewards, mask = step_rewards(R, group, rule="base")
+    rewards, mask, _ = step_rewards(R, group, rule="base")
     close(rewards[[0, 2, 4]], step_rewards(T(EX3), T([0, 0, 0]), rule="base")[0])
     close(rewards[1], [0.1, -0.5, -1.4, -1.7])
     close(rewards[3], [-0.10, 0.30, 0.15, 0.10])
@@ -129,7 +129,7 @@ def test_vectorized_matches_the_python_oracle(seed, quantized, rule):
     R, group = random_groups(seed, quantized)
     tp, kept, rewards = oracle(R.tolist(), group.tolist(), rule)
     assert detect_turning_points(R, rule).tolist() == tp
-    got_rewards, got_mask = step_rewards(R, group, rule=rule)
+    got_rewards, got_mask, _ = step_rewards(R, group, rule=rule)
     assert got_mask.tolist() == kept
     assert got_rewards.dtype == R.dtype
     assert torch.equal(got_rewards, torch.tensor(rewards, dtype=R.dtype))  # bit-exact: same float ops
@@ -160,7 +160,7 @@ def test_balancing_properties(seed, quantized, rule):
     R, group = random_groups(seed, quantized)
     r_agg, d = aggregated_rewards(R), incremental_rewards(R)
     tp = detect_turning_points(R, rule)
-    rewards, kept = step_rewards(R, group, rule=rule)
+    rewards, kept, _ = step_rewards(R, group, rule=rule)
     assert not (kept & ~tp).any()
     assert torch.equal(rewards, torch.where(kept, r_agg, d))
     assert (r_agg[kept] != 0).all()
@@ -189,25 +189,36 @@ def test_ties_in_r_agg_occur_and_break_by_row_then_step():
     assert r_agg[cand].abs().unique().numel() < cand.sum()  # equal |r_agg| among candidates: ties happen
     # One group, two positive candidates of equal |r_agg| and one negative: the earlier row wins.
     R = T([[0.0, 0.5, 1.0], [0.0, 0.5, 1.0], [0.0, -0.5, -1.0]])
-    _, mask = step_rewards(R, T([1, 1, 1]), rule="strict")
+    _, mask, _ = step_rewards(R, T([1, 1, 1]), rule="strict")
     assert mask.tolist() == [[True, False], [False, False], [True, False]]
 
 
 def test_vectorized_is_row_permutation_equivariant():
     R, group = random_groups(3, quantized=False)  # continuous: no ties, so no tie-break order involved
     perm = torch.randperm(R.shape[0], generator=torch.Generator().manual_seed(1))
-    rewards, mask = step_rewards(R, group)
-    p_rewards, p_mask = step_rewards(R[perm], group[perm])
+    rewards, mask, _ = step_rewards(R, group)
+    p_rewards, p_mask, _ = step_rewards(R[perm], group[perm])
     assert torch.equal(p_rewards, rewards[perm]) and torch.equal(p_mask, mask[perm])
 
 
 @pytest.mark.parametrize("quantized", [False, True])
 def test_flow_grpo_and_incremental(quantized):
     R, group = random_groups(7, quantized)
-    rewards, mask = step_rewards(R, group, algo="flow-grpo")
+    rewards, mask, _ = step_rewards(R, group, algo="flow-grpo")
     assert torch.equal(rewards, R[:, -1:].expand(-1, R.shape[1] - 1)) and not mask.any()
-    rewards, mask = step_rewards(R, group, algo="incremental", rule="base")
+    rewards, mask, _ = step_rewards(R, group, algo="incremental", rule="base")
     assert torch.equal(rewards, R[:, 1:] - R[:, :-1]) and not mask.any()
+
+
+@pytest.mark.parametrize("algo", ["tp-grpo", "flow-grpo", "incremental"])
+@pytest.mark.parametrize("rule", ["strict", "base"])
+def test_step_rewards_return_the_detected_turning_points(algo, rule):
+    R, group = random_groups(11, quantized=True)
+    _, kept, detected = step_rewards(R, group, algo=algo, rule=rule)
+    assert torch.equal(detected, detect_turning_points(R, rule)) and detected.any()
+    assert not (kept & ~detected).any()  # balancing only ever drops detected turning points
+    if algo == "tp-grpo":
+        assert kept.any() and kept.sum() <= detected.sum()
 
 
 def test_zero_aggregated_reward_keeps_d():
@@ -215,7 +226,7 @@ def test_zero_aggregated_reward_keeps_d():
     # r_agg_3 = 0 and it keeps d_3; step 1 (r_agg = +1) is kept.
     R = T([[0.0, 2.0, 1.0, 1.5, 1.0]])
     assert detect_turning_points(R, "base").tolist() == [[True, False, True, False]]
-    rewards, mask = step_rewards(R, T([0]), rule="base")
+    rewards, mask, _ = step_rewards(R, T([0]), rule="base")
     assert aggregated_rewards(R)[0, 2] == 0
     assert mask.tolist() == [[True, False, False, False]]
     close(rewards, [[1.0, -1.0, 0.5, -0.5]])
@@ -226,9 +237,9 @@ def test_zero_aggregated_reward_keeps_d():
 
 def test_dtypes():
     for dtype, out in ((torch.float32, torch.float32), (torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
-        rewards, mask = step_rewards(T(EX3, dtype=dtype), T([0, 0, 0]))
+        rewards, mask, _ = step_rewards(T(EX3, dtype=dtype), T([0, 0, 0]))
         assert rewards.dtype == out and mask.dtype == torch.bool
-    r64, _ = step_rewards(T(EX3, dtype=torch.float64), T([0, 0, 0]))
+    r64, _, _ = step_rewards(T(EX3, dtype=torch.float64), T([0, 0, 0]))
     assert r64[1, 0].item() == 0.9 - 0.5  # float64 is not rounded through float32
 
 
@@ -258,7 +269,7 @@ def test_balance_rejects_a_float_mask():
 
 def test_render_group_marks_kept_and_dropped_turning_points():
     R = T(EX3)
-    rewards, mask = step_rewards(R, T([0, 0, 0]))
+    rewards, mask, _ = step_rewards(R, T([0, 0, 0]))
     text = render_group(R, rewards, mask, detected=detect_turning_points(R))
     lines = text.splitlines()
     assert len(lines) == 1 + 3 * 3 + 1

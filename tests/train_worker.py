@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+import config
 import rewards
 import train
 
@@ -24,4 +25,4 @@ def load_half_constant(device, **_):
 rewards.REWARD_LOADERS["half_constant"] = load_half_constant
 
 if __name__ == "__main__":
-    train.main(train.parse_config(sys.argv[1:]))
+    train.main(config.parse_config(sys.argv[1:]))

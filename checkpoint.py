@@ -1,0 +1,109 @@
+"""Checkpoints of train.py: the exact training state (so that --resume continues bit for bit) plus the trained
+weights in diffusers' format (so that a checkpoint loads in plain diffusers with `pipe.load_lora_weights`).
+
+A checkpoint is output_dir/checkpoints/iter-NNNNNN/ holding accelerate's state (the trainable weights as
+safetensors, the optimizer and RNG states), progress.json, config.json, ema.safetensors (with EMA), lora/ and
+lora_ema/ (diffusers' LoRA format; transformer/ instead with full fine-tuning). Written under a .tmp name and
+renamed when complete.
+
+Used by train.py; tested by tests/test_train.py (resume is bit-exact, checkpoints load in diffusers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+import safetensors.torch
+
+from config import Config
+from policy import EMA, save_weights
+
+
+@dataclass
+class Progress:
+    """The loop's position, saved as progress.json in every checkpoint so --resume continues exactly."""
+
+    iteration: int = 0
+
+
+def register_trainable_only_hooks(accelerator):
+    """accelerate's save_state keeps only the trainable weights (LoRA), not gigabytes of frozen base weights."""
+    def save_hook(models, weights, output_dir):
+        for i, model in enumerate(models):
+            keep = {name for name, p in model.named_parameters() if p.requires_grad}
+            weights[i] = {k: v for k, v in weights[i].items() if k in keep}
+
+    def load_hook(models, input_dir):
+        for i in range(len(models)):
+            model = models.pop(0)
+            name = "model.safetensors" if i == 0 else f"model_{i}.safetensors"
+            state = safetensors.torch.load_file(os.path.join(input_dir, name))
+            unexpected = model.load_state_dict(state, strict=False).unexpected_keys
+            if unexpected:
+                raise RuntimeError(f"checkpoint {input_dir} does not fit this model ({unexpected[0]} ...)")
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+def find_checkpoint(cfg: Config) -> str:
+    """The folder --resume names ('latest' = the newest complete one in output_dir/checkpoints), or exit."""
+    if cfg.resume != "latest":
+        path = cfg.resume
+    else:
+        root = os.path.join(cfg.output_dir, "checkpoints")
+        done = sorted(d for d in os.listdir(root) if d.startswith("iter-") and not d.endswith(".tmp")) \
+            if os.path.isdir(root) else []
+        if not done:
+            sys.exit(f"error: --resume latest found no checkpoint in {root}; train first or pass a folder")
+        path = os.path.join(root, done[-1])
+    if not os.path.isfile(os.path.join(path, "progress.json")):
+        sys.exit(f"error: '{path}' is not a training checkpoint (no progress.json); pass a folder "
+                 f"output_dir/checkpoints/iter-NNNNNN written by train.py")
+    if cfg.ema_decay > 0 and not os.path.isfile(os.path.join(path, "ema.safetensors")):
+        sys.exit(f"error: '{path}' has no ema.safetensors (trained with EMA off, or by an older train.py); "
+                 f"resume with the --ema-decay it was trained with")
+    return path
+
+
+def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progress, cfg: Config) -> str:
+    """The whole training state plus diffusers-format weights of `transformer` (the unwrapped policy), written to
+    a temp folder and renamed at the end, so that an interrupted save never leaves a checkpoint that looks
+    complete. Returns the folder."""
+    final = os.path.join(cfg.output_dir, "checkpoints", f"iter-{progress.iteration:06d}")
+    tmp = final + ".tmp"
+    accelerator.save_state(tmp)
+    if accelerator.is_main_process:
+        save_weights(transformer, os.path.join(tmp, "lora"))
+        if ema is not None:
+            ema.swap()
+            save_weights(transformer, os.path.join(tmp, "lora_ema"))
+            ema.swap()
+            ema.save(os.path.join(tmp, "ema.safetensors"))
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(cfg), f, indent=1)
+        with open(os.path.join(tmp, "progress.json"), "w") as f:
+            json.dump(dataclasses.asdict(progress), f)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator, ema: EMA | None, progress: Progress, folder: str):
+    """accelerate's state (trainable weights as safetensors; optimizer, RNG states as pickles), then ours:
+    progress.json and ema.safetensors, not accelerate's pickled custom state. Exits with one line if the EMA does
+    not fit."""
+    accelerator.load_state(folder)
+    progress.iteration = json.load(open(os.path.join(folder, "progress.json")))["iteration"]
+    if ema is not None:
+        try:
+            ema.load(os.path.join(folder, "ema.safetensors"))
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+    accelerator.print(f"resumed from {folder} at iteration {progress.iteration}")

@@ -1,0 +1,200 @@
+"""The run's configuration: one frozen dataclass whose fields name the paper's symbols, one preset per task, the
+command line, reward-weight strings and prompt sets.
+
+Every field of Config is a flag of train.py (`python train.py --help` lists them with their defaults); `--task`
+picks a preset (PRESETS) and the other flags override single fields. The SD3.5-M presets are the demo code's
+settings (docs/method.md, 'SD3.5-Medium hyperparameters'); the tiny preset is the toy world (toyworld.py).
+
+  cfg = config.parse_config(["--task", "tiny", "--iterations", "5"])
+  prompts, metadata = config.load_prompt_set(cfg.prompts)
+
+Used by train.py, evaluate.py and bench.py; tested through tests/test_train.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sampler as S
+import toyworld
+import turning_points as tp
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Config:
+    task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, docs/method.md) | tiny (CPU toy world)")
+    model: str = _f(S.SD35_MEDIUM, "SD3 pipeline: hub id, local folder, 'tiny' or 'random-sd35m' (SD3.5-M's "
+                                   "shapes; both random weights built in code, no download)")
+    algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
+    tp_rule: str = _f("strict", "turning-point rule: strict (Def. 5.1, 'w/ constraint') | base (Def. 4.1)")
+    rewards: str = _f("pickscore:1", "reward models with weights, 'name:w,name:w' (rewards.py)")
+    prompts: str = _f("dataset/pickscore_sfw/train.txt", "training prompts: .txt (one a line) or GenEval .jsonl")
+    eval_prompts: str = _f("dataset/pickscore_sfw/test.txt", "evaluation prompts (same formats)")
+    resolution: int = _f(512, "image side in pixels")
+    steps: int = _f(10, "T, sampling steps during training")
+    eval_steps: int = _f(40, "sampling steps at evaluation")
+    guidance: float = _f(4.5, "w, classifier-free guidance scale in training (<= 1: no CFG)")
+    eval_guidance: float = _f(4.5, "w at evaluation")
+    sampler: str = _f("cps", "stochastic step: cps (coefficients-preserving) | sde (Flow-GRPO's SDE), docs/method.md")
+    noise_level: float = _f(0.7, "a, the noise level of the stochastic step")
+    window: int = _f(9, "W, number of SDE (trained) steps")
+    window_start: int = _f(0, "w0, first SDE step; -1 draws it per iteration in [0, T - W]")
+    group_size: int = _f(24, "G, trajectories per prompt")
+    prompts_per_iter: int = _f(48, "B, prompts per iteration over all processes")
+    sample_batch: int = _f(9, "trajectories per rollout call on each process")
+    train_batch: int = _f(9, "trajectories per training micro-batch on each process")
+    updates_per_iter: int = _f(2, "optimizer steps per iteration (the samples are split this many ways)")
+    lr: float = _f(3e-4, "AdamW learning rate")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.999, "AdamW beta2")
+    weight_decay: float = _f(1e-4, "AdamW weight decay")
+    adam_eps: float = _f(1e-8, "AdamW epsilon")
+    max_grad_norm: float = _f(1.0, "gradient-norm clip")
+    clip_range: float = _f(1e-5, "epsilon, the ratio clip: clip(rho, 1 - eps, 1 + eps)")
+    beta: float = _f(1e-4, "beta, the KL weight (0 skips the reference forward pass)")
+    adv_clip: float = _f(5.0, "advantages are clipped to [-adv_clip, adv_clip]")
+    drop_zero_adv: bool = _f(True, "leave trajectories whose advantage A_{i,k} is 0 at every window step out of "
+                                   "the loss's means (Flow-GRPO and the demo code drop them)")
+    lora_rank: int = _f(32, "LoRA r (0 = full fine-tuning of the transformer)")
+    lora_alpha: int = _f(64, "LoRA alpha")
+    lora_targets: str = _f(",".join(f"attn.{m}" for m in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj",
+                                                           "add_k_proj", "add_v_proj", "to_add_out")),
+                           "LoRA target modules, matched as path suffixes: the joint attention's projections of "
+                           "both streams, as the demo code and Flow-GRPO (191 layers on SD3.5-M; a bare 'to_q' "
+                           "would also match the image-only attn2)")
+    ema_decay: float = _f(0.9, "EMA decay cap: after optimizer step s the decay is min(ema_decay, (1+s)/(10+s)) "
+                               "(0 disables EMA)")
+    ema_every: int = _f(8, "EMA update after optimizer step s when (s+1) % ema_every == 0")
+    mixed_precision: str = _f("bf16", "no | bf16 | fp16 (weights of frozen parts and autocast)")
+    gradient_checkpointing: bool = _f(False, "recompute transformer activations in backward (saves memory)")
+    max_sequence_length: int = _f(128, "T5 tokens per prompt")
+    chunk_size: int = _f(0, "max images per transformer call in completions (0 = no cap)")
+    reward_batch: int = _f(32, "images per decode/reward call")
+    iterations: int = _f(2000, "training iterations")
+    eval_every: int = _f(50, "evaluate every this many iterations (0 = only before and after)")
+    eval_samples: int = _f(64, "evaluation images (prompts cycled, seeds fixed)")
+    save_every: int = _f(50, "checkpoint every this many iterations (0 = only at the end)")
+    seed: int = _f(0, "seed of prompts, noise and shuffling: (seed, iteration, prompt, member)")
+    output_dir: str = _f("runs/pickscore", "checkpoints, logs, sample grids")
+    resume: str = _f("", "checkpoint folder to continue from, or 'latest' in output_dir")
+    report_to: str = _f("tensorboard", "tensorboard | wandb | none")
+
+
+# the shipped toy checkpoint, found from any working directory (outputs still go under the working directory)
+TOY_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_model")
+SD35M = dict(model=S.SD35_MEDIUM, resolution=512, steps=10, eval_steps=40, guidance=4.5, eval_guidance=4.5)
+PRESETS = {
+    "pickscore": dict(SD35M, rewards="pickscore:1", prompts="dataset/pickscore_sfw/train.txt",
+                      eval_prompts="dataset/pickscore_sfw/test.txt", output_dir="runs/pickscore"),
+    "ocr": dict(SD35M, rewards="ocr:1", prompts="dataset/ocr/train.txt", eval_prompts="dataset/ocr/test.txt",
+                output_dir="runs/ocr"),
+    "geneval": dict(SD35M, rewards="geneval:1", prompts="dataset/geneval/train_metadata.jsonl",
+                    eval_prompts="dataset/geneval/test_metadata.jsonl", output_dir="runs/geneval"),
+    # The toy world (toyworld.py): 32 px shapes, a graded colour + count reward, a ~0.6M-parameter pixel-space SD3
+    # pretrained partly on captions that misname the colour (it draws the asked one about half the time). Sized for
+    # 2 CPU cores: about 3.5 minutes.
+    # T = 6 with a 5-step window from step 0 is the paper's FLUX.1-dev schedule; the held-out evaluation is the
+    # one the checkpoint ships values for (toyworld.HELDOUT_SETTINGS: 1024 images, fixed noise)
+    "tiny": dict(toyworld.HELDOUT_SETTINGS, model=TOY_MODEL, prompts="toy:train", steps=toyworld.STEPS,
+                 guidance=1.0, window=5, group_size=8, prompts_per_iter=4, sample_batch=32, train_batch=16,
+                 lr=1e-3, lora_rank=8, lora_alpha=16, mixed_precision="no", reward_batch=64,
+                 iterations=30, eval_every=0, save_every=0, output_dir="runs/tiny",
+                 beta=0.0, clip_range=1e-4, ema_decay=0.0, report_to="tensorboard"),
+}
+
+
+def parse_config(argv: list[str] | None = None, description: str = "") -> Config:
+    """--task picks a preset; every other flag overrides one field of it (`description` heads --help)."""
+    p = argparse.ArgumentParser(description=description or __doc__,
+                                usage="%(prog)s [--task TASK] [--FIELD VALUE ...]  (--help lists every field)",
+                                epilog="Defaults shown are the SD3.5-M values (docs/method.md, 'SD3.5-Medium "
+                                       "hyperparameters'); --task picks a preset that "
+                                       "may change some of them (config.PRESETS).",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        text = f.metadata["help"].replace("%", "%%") + f" (default: {f.default})"  # argparse %-formats help
+        if f.type in ("bool", bool):
+            p.add_argument(flag, type=lambda v: v.lower() in ("1", "true", "yes"), default=None,
+                           metavar="BOOL", help=text)
+        else:
+            kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+            p.add_argument(flag, type=kind, default=None, help=text)
+    args = vars(p.parse_args(argv))
+    task = args["task"] or Config.task
+    if task not in PRESETS:
+        p.error(f"unknown task '{task}'; choose one of {', '.join(PRESETS)}")
+    values = dict(PRESETS[task], task=task)
+    values.update({k: v for k, v in args.items() if v is not None})
+    cfg = Config(**values)
+    problem = check_config(cfg)
+    if problem:
+        p.error(problem)
+    return cfg
+
+
+def check_config(cfg: Config) -> str:
+    """One line naming what is inconsistent, or '' (checked before anything is loaded or written)."""
+    if cfg.algo not in tp.ALGOS:
+        return f"unknown --algo '{cfg.algo}'; choose one of {', '.join(tp.ALGOS)}"
+    if cfg.tp_rule not in tp.RULES:
+        return f"unknown --tp-rule '{cfg.tp_rule}'; choose one of {', '.join(tp.RULES)}"
+    if cfg.sampler not in S.SAMPLERS:
+        return f"unknown --sampler '{cfg.sampler}'; choose one of {', '.join(S.SAMPLERS)}"
+    if not 1 <= cfg.window <= cfg.steps or cfg.window_start + cfg.window > cfg.steps:
+        return f"the SDE window (w0={cfg.window_start}, W={cfg.window}) must fit in T={cfg.steps} steps"
+    return ""
+
+
+def parse_weights(spec: str) -> dict[str, float]:
+    """'pickscore:1,ocr:0.5' -> {'pickscore': 1.0, 'ocr': 0.5}."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        name, _, weight = item.partition(":")
+        out[name.strip()] = float(weight or 1)
+    return out
+
+
+def load_prompt_set(spec: str):
+    """(prompts, metadata) from a file, or from the toy world's caption grammar ('toy:train' / 'toy:heldout')."""
+    if spec.startswith("toy:"):
+        split = spec.split(":", 1)[1]
+        if split == "train":  # every (count, colour, shape) caption; new noise every iteration
+            metas = toyworld.all_metadata()
+            return [toyworld.caption(m) for m in metas], metas
+        prompts, metas, _ = toyworld.dataset(split, 0, toyworld.HELDOUT_SIZE)  # the held-out evaluation set
+        return prompts, metas
+    return load_prompts(spec)
+
+
+def load_prompts(path):
+    """A prompt set: .txt (one prompt a line, metadata {}) or GenEval .jsonl -> (prompts, metadata records)."""
+    path = Path(path)
+    where = ("the official sets are in the TurningPoint-GRPO repository (github.com/YunzeTong/TurningPoint-GRPO), "
+             "folder dataset/: pickscore_sfw/{train,test}.txt, ocr/{train,test}.txt, "
+             "geneval/{train,test}_metadata.jsonl, drawbench/")
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} not found; {where}")
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"prompt file {path} is empty; {where}")
+    if path.suffix == ".txt":
+        return lines, [{} for _ in lines]
+    if path.suffix == ".jsonl":
+        records = []
+        for number, line in enumerate(lines, 1):
+            record = json.loads(line)
+            if "prompt" not in record:
+                raise ValueError(f"{path}, record {number}: no 'prompt' field (expected GenEval metadata lines)")
+            records.append(record)
+        return [r["prompt"] for r in records], records
+    raise ValueError(f"prompt file {path}: unknown suffix '{path.suffix}', expected .txt or .jsonl")
