@@ -35,10 +35,12 @@ import io
 from pathlib import Path
 
 import numpy as np
+import rapidocr
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from rapidfuzz.distance import Levenshtein
+from rapidocr import RapidOCR
 from torch import nn
 from transformers import AutoTokenizer, CLIPModel
 from transformers.image_processing_utils import ImageProcessingMixin
@@ -218,8 +220,6 @@ def _load_ocr_engine():
     DEVIATION from Flow-GRPO (PaddleOCR, lang="en") because paddlepaddle is hard to install: rapidocr's bundled
     PP-OCR det/rec models in ONNX, so absolute OCR scores can differ slightly from the paper's.
     """
-    from rapidocr import RapidOCR
-    import rapidocr
     models = Path(rapidocr.__file__).parent / "models"
     det, rec = sorted(models.glob("*_det_*.onnx")), sorted(models.glob("*_rec_*.onnx"))
     if not det or not rec:

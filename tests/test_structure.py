@@ -1,0 +1,61 @@
+"""The house rules a reader relies on, checked on the source text (no imports, so it runs in milliseconds): the
+top-level modules import each other without a cycle, none of them imports train.py (the script at the top of the
+graph), every import sits at the top of its file, and no comment cites a document outside the repository."""
+
+import ast
+import glob
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULES = {os.path.basename(p)[:-3]: p for p in glob.glob(os.path.join(ROOT, "*.py"))}
+
+
+def local_imports(path: str) -> tuple[set[str], list[int]]:
+    """The repository's modules that `path` imports, and the line numbers of imports not at module level."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    names, nested = set(), []
+    top = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found = {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found = {node.module.split(".")[0]}
+        else:
+            continue
+        names |= found & MODULES.keys()
+        if id(node) not in top:
+            nested.append(node.lineno)
+    return names, nested
+
+
+def test_modules_import_without_a_cycle_and_nothing_imports_train():
+    graph = {name: local_imports(path)[0] for name, path in MODULES.items()}
+    assert "train" in graph and "sampler" in graph
+    assert not [m for m, deps in graph.items() if "train" in deps], "a module imports train.py"
+    done, visiting = set(), []
+
+    def visit(m):  # depth-first search; a module met again on the current path closes a cycle
+        assert m not in visiting, "import cycle: " + " -> ".join(visiting[visiting.index(m):] + [m])
+        if m not in done:
+            visiting.append(m)
+            for d in sorted(graph[m]):
+                visit(d)
+            visiting.pop()
+            done.add(m)
+
+    for m in sorted(graph):
+        visit(m)
+
+
+def test_every_import_is_at_the_top_of_its_file():
+    nested = {name: lines for name, path in MODULES.items() if (lines := local_imports(path)[1])}
+    assert not nested, f"imports inside functions or blocks (file: lines): {nested}"
+
+
+def test_no_citation_of_a_document_outside_the_repository():
+    files = list(MODULES.values()) + glob.glob(os.path.join(ROOT, "tests", "*.py")) + \
+        [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    cited = [f"{os.path.relpath(f, ROOT)}:{i}" for f in files if not f.endswith("test_structure.py")
+             for i, line in enumerate(open(f, encoding="utf-8"), 1) if re.search(r"\bSPEC\b", line)]
+    assert not cited, f"'SPEC' cited at {cited}; cite the paper or docs/method.md"
