@@ -87,7 +87,7 @@ FLUX_DEV_TEXT = dict(clip=SD35M_TEXT["clip"][:1], t5=SD35M_TEXT["t5"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 1. Loading: a real SD3 pipeline, or a tiny random-weight one built from configs (same classes, same code path)
+# 1. Loading: a real SD3 or FLUX pipeline, or a random-weight one built from configs (same classes, same code path)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -310,7 +310,8 @@ def decode(pipe, latents: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. The grid, the prompt conditioning and the guided velocity (Sec. 3; docs/method.md, 'Classifier-free guidance')
+# 2. The grid, the prompt conditioning and the guided velocity (Sec. 3; docs/method.md, 'Classifier-free guidance',
+#    'FLUX.1-dev')
 # ----------------------------------------------------------------------------------------------------------------
 
 
