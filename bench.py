@@ -12,16 +12,20 @@ Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 
       transformer (policy.window_step_loss: the policy, the adapter-off reference when beta > 0, grpo_loss), then
       one AdamW step.
 
-An evaluation is one image through the transformer at one step (a CFG pair counts once); calls are forward
-passes. Wall times are medians over --repeats runs after one warm-up; FLOPs are counted once per phase by
-torch.utils.flop_counter.FlopCounterMode (matrix products and convolutions, forward and backward), and TFLOP/s =
-counted FLOPs / median seconds; on CUDA the peak memory of each phase is reported.
+An evaluation is one image through the transformer at one step (a CFG pair counts once; FLUX's guidance
+embedding needs no pair); calls are forward passes. Wall times are medians over --repeats runs after one warm-up;
+FLOPs are counted once per phase by torch.utils.flop_counter.FlopCounterMode (matrix products and convolutions,
+forward and backward), and TFLOP/s = counted FLOPs / median seconds; on CUDA the peak memory of each phase is
+reported.
 
   python bench.py                          # the tiny random-weight pipeline on the CPU (a few minutes on 2 cores)
   python bench.py --size random-sd35m --device cuda --dtype bf16 --batches 8
                                            # SD3.5-M's shapes with random weights, 512 px: no download
   python bench.py --size random-sd35m --device meta --batches 8
                                            # the same shapes on no memory at all: FLOPs only (a CPU-safe check)
+  python bench.py --size tiny-flux --steps 6 --window 5 --guidance 3.5
+  python bench.py --size random-flux-dev --device cuda --dtype bf16 --steps 6 --window 5 --guidance 3.5 --batches 3
+                                           # FLUX: the presets' T = 6, W = 5 (--device meta: FLOPs only)
 
 Shape legend: n trajectories per batch, C/h/w latent channels/height/width (lower case: W is the
 window length of the phases above), L text tokens, D text width, P pooled width.
@@ -46,9 +50,10 @@ import sampler as S
 
 def build(args):
     """The pipeline with a LoRA on its transformer (sampling runs with it too, as in train.py) and a Config."""
-    cfg = config.Config(guidance=args.guidance, noise_level=args.noise_level, window=args.window, steps=args.steps,
-                        gradient_checkpointing=args.gradient_checkpointing)
     pipe = S.load_pipeline(args.size, args.dtype, args.device)
+    targets = {"lora_targets": config.FLUX_LORA_TARGETS} if S.is_flux(pipe) else {}  # the FLUX presets' LoRA
+    cfg = config.Config(guidance=args.guidance, noise_level=args.noise_level, window=args.window, steps=args.steps,
+                        gradient_checkpointing=args.gradient_checkpointing, **targets)
     policy.add_lora(pipe.transformer, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(","))
     if cfg.gradient_checkpointing:
         pipe.transformer.enable_gradient_checkpointing()
@@ -81,8 +86,8 @@ def measure(fn, args) -> dict:
 
 
 def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
-    sigmas, timesteps = S.sigma_grid(pipe.scheduler, args.steps)
     shape = S.latent_shape(pipe, args.resolution)
+    sigmas, timesteps = S.sigma_grid(pipe.scheduler, args.steps, shape)
     kind = args.device.split(":")[0]
     autocast = (lambda: torch.autocast(kind, dtype=args.dtype)) if args.dtype != torch.float32 and kind != "meta" \
         else contextlib.nullcontext
@@ -109,7 +114,8 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
         rows.append(dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls))
 
     # the VAE as train.py runs it (float32), and a bf16 copy of it for comparison
-    vae_bf16 = types.SimpleNamespace(vae=copy.deepcopy(pipe.vae).bfloat16())
+    # the transformer rides along for decode's is_flux switch (FLUX latents are unpacked first)
+    vae_bf16 = types.SimpleNamespace(vae=copy.deepcopy(pipe.vae).bfloat16(), transformer=pipe.transformer)
     for name, holder in [("(d) decode, VAE float32", pipe), ("(d') decode, VAE bf16", vae_bf16)]:
         row = measure(lambda: S.decode(holder, ro.final), args)
         rows.append(dict(row, layout=name, nfe=None, calls=None, out=None))
@@ -142,23 +148,25 @@ def _cell(value, fmt: str, width: int) -> str:
 
 def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=["tiny", S.RANDOM_SD35M], default="tiny",
-                   help="the tiny pipeline (16 px) or SD3.5-M's shapes with random weights (512 px)")
+    p.add_argument("--size", choices=[*S.TINY, *S.RANDOM], default="tiny",
+                   help="a tiny pipeline (SD3 16 px, FLUX 32 px) or SD3.5-M's / FLUX.1-dev's shapes with random "
+                        "weights (512 px)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | meta (shapes and FLOPs only, nothing allocated)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="weights and autocast (the VAE decodes in float32 regardless, as in train.py)")
     p.add_argument("--batches", type=int, nargs="+", default=[8, 24], help="trajectories per rollout batch (n)")
     p.add_argument("--steps", type=int, default=10, help="T, sampling steps")
     p.add_argument("--window", type=int, default=9, help="W, SDE window length (w0 = 0)")
-    p.add_argument("--guidance", type=float, default=4.5, help="CFG scale w (> 1 turns CFG on)")
+    p.add_argument("--guidance", type=float, default=4.5,
+                   help="CFG scale w (> 1 turns CFG on); FLUX: the guidance embedding's scale")
     p.add_argument("--noise-level", type=float, default=0.7, help="a, the CPS noise level")
     p.add_argument("--chunk-size", type=int, default=None, help="cap on images per transformer call in (c)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in (e)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median reported)")
     args = p.parse_args(argv)
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    args.resolution = 16 if args.size == "tiny" else 512
-    args.max_sequence_length = 32 if args.size == "tiny" else 128
+    args.resolution = {"tiny": 16, "tiny-flux": 32}.get(args.size, 512)
+    args.max_sequence_length = 32 if args.size in S.TINY else 128
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but torch sees no GPU; use --device cpu, or --device meta for FLOPs only")
     with torch.no_grad():  # the training phase turns gradients on for itself

@@ -31,9 +31,11 @@ def _f(default, help: str):
 
 @dataclass(frozen=True)
 class Config:
-    task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, docs/method.md) | tiny (CPU toy world)")
-    model: str = _f(S.SD35_MEDIUM, "SD3 pipeline: hub id, local folder, 'tiny' or 'random-sd35m' (SD3.5-M's "
-                                   "shapes; both random weights built in code, no download)")
+    task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, docs/method.md) | pickscore-flux | "
+                                "geneval-flux (FLUX.1-dev) | tiny (CPU toy world)")
+    model: str = _f(S.SD35_MEDIUM, "SD3 or FLUX pipeline: hub id, local folder, 'tiny', 'tiny-flux', 'random-sd35m' "
+                                   "or 'random-flux-dev' (SD3.5-M's, FLUX.1-dev's shapes; all random weights built "
+                                   "in code, no download)")
     algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
     tp_rule: str = _f("strict", "turning-point rule: strict (Def. 5.1, 'w/ constraint') | base (Def. 4.1)")
     rewards: str = _f("pickscore:1", "reward models with weights, 'name:w,name:w' (rewards.py)")
@@ -110,6 +112,30 @@ PRESETS = {
                  iterations=30, eval_every=0, save_every=0, output_dir="runs/tiny",
                  beta=0.0, clip_range=1e-4, ema_decay=0.0, report_to="tensorboard"),
 }
+
+
+# ---- FLUX.1-dev (paper appendix; docs/method.md, 'FLUX.1-dev'): the authors' FLUX scripts' settings -------------
+# LoRA on FLUX's attention projections of both streams and the feed-forward layers, matched as path suffixes. On
+# FLUX.1-dev's shape this adapts 342 layers: in each of the 19 double-stream blocks the 8 attention projections
+# and the 4 feed-forward layers of the image (ff) and text (ff_context) streams (228), and in each of the 38
+# single-stream blocks attn.to_q/k/v (114; their fused output proj_out and proj_mlp match no suffix, and they have no
+# to_out).
+FLUX_LORA_TARGETS = ",".join([f"attn.{m}" for m in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj",
+                                                     "add_v_proj", "to_add_out")]
+                             + [f"{ff}.{m}" for ff in ("ff", "ff_context") for m in ("net.0.proj", "net.2")])
+# 512 px, T = 6 training / 28 evaluation steps, guidance embedding 3.5 in both (no CFG pass), cps with a = 0.8 and
+# the window from step 0; G = 24 over B = 48 prompts with 3 trajectories per GPU per micro-batch, 2 updates per
+# iteration; AdamW 3e-4, eps 1e-5, beta 0 (no reference pass), EMA on, bf16; LoRA r = 64, alpha = 128
+FLUX1_DEV = dict(model=S.FLUX_DEV, resolution=512, steps=6, eval_steps=28, guidance=3.5, eval_guidance=3.5,
+                 sampler="cps", noise_level=0.8, window_start=0, group_size=24, prompts_per_iter=48, sample_batch=3,
+                 train_batch=3, updates_per_iter=2, lr=3e-4, clip_range=1e-5, beta=0.0, ema_decay=0.9,
+                 mixed_precision="bf16", lora_rank=64, lora_alpha=128, lora_targets=FLUX_LORA_TARGETS)
+PRESETS.update({
+    "pickscore-flux": dict(FLUX1_DEV, window=5, rewards="pickscore:1", prompts="dataset/pickscore_sfw/train.txt",
+                           eval_prompts="dataset/pickscore_sfw/test.txt", output_dir="runs/pickscore-flux"),
+    "geneval-flux": dict(FLUX1_DEV, window=6, rewards="geneval:1", prompts="dataset/geneval/train_metadata.jsonl",
+                         eval_prompts="dataset/geneval/test_metadata.jsonl", output_dir="runs/geneval-flux"),
+})
 
 
 def parse_config(argv: list[str] | None = None, description: str = "") -> Config:

@@ -82,7 +82,7 @@ class Run:
     eval_set: tuple[list[str], list[dict]]
     sigmas: torch.Tensor  # (T+1,) the sigma grid
     timesteps: torch.Tensor  # (T,) the transformer's timestep inputs
-    shape: tuple[int, int, int]  # (C, h, w) of one latent
+    shape: tuple[int, ...]  # one latent: (C, h, w), or FLUX's packed (h/2 * w/2, 4C)
     mine: torch.Tensor  # (n,) this process's trajectory ids j; prompt slot j // G, member j % G
     progress: Progress = field(default_factory=Progress)
     values: dict = field(default_factory=dict)  # per-image evaluation values by tag, for the paired change
@@ -153,10 +153,10 @@ def setup(cfg: Config) -> Run:
     transformer, optimizer = accelerator.prepare(transformer, optimizer)
     policy = accelerator.unwrap_model(transformer)  # sampling and the reference pass need no DDP sync
     reference = (lambda: reference_policy(policy)) if ref_model is None else (lambda: contextlib.nullcontext(ref_model))
-    sigmas, timesteps = S.sigma_grid(pipe.scheduler, cfg.steps)  # (T+1,), (T,)
+    shape = S.latent_shape(pipe, cfg.resolution)
+    sigmas, timesteps = S.sigma_grid(pipe.scheduler, cfg.steps, shape)  # (T+1,), (T,); FLUX's shift needs the shape
     run = Run(cfg, accelerator, pipe, policy, transformer, optimizer, params, ema, reference, reward_fn, train_set,
-              eval_set, sigmas, timesteps, S.latent_shape(pipe, cfg.resolution),
-              mine=torch.arange(accelerator.process_index, N, P))  # (n,)
+              eval_set, sigmas, timesteps, shape, mine=torch.arange(accelerator.process_index, N, P))  # (n,)
     if resume_from:
         load_checkpoint(accelerator, ema, run.progress, resume_from)
     if accelerator.is_main_process:

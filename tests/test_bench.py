@@ -1,5 +1,5 @@
-"""bench.py end to end: the tiny pipeline timed on the CPU, and SD3.5-M's shapes (random-sd35m) on the meta
-device, where nothing is allocated and only FLOPs are counted (the CPU-safe check of the GPU benchmark)."""
+"""bench.py end to end: the tiny pipelines (SD3, FLUX) timed on the CPU, and SD3.5-M's shapes (random-sd35m) on
+the meta device, where nothing is allocated and only FLOPs are counted (the CPU-safe check of the GPU benchmark)."""
 
 import pytest
 import torch
@@ -33,3 +33,14 @@ def test_random_sd35m_on_the_meta_device_counts_flops_without_weights():
     per_image = rows["(a)"]["flops"] / (2 * 2)
     assert 2.0e12 < per_image < 2.6e12
     assert rows["(d)"]["flops"] == rows["(d')"]["flops"] > 2e12  # decoding one 512 px image costs as much again
+
+
+def test_tiny_flux_bench_at_the_flux_presets_schedule():
+    """T = 6, W = 5 (pickscore-flux) on the tiny FLUX: one forward pass per image (guidance embedding, no CFG pair)."""
+    rows = _rows(bench.main(["--size", "tiny-flux", "--steps", "6", "--window", "5", "--guidance", "3.5",
+                             "--batches", "2", "--repeats", "1"]))
+    # (b) 6 rollout + 6 pure ODE for R_0 + completions of s_1..s_4 (5 + 4 + 3 + 2); (c) 6 + 5 + 4 + 3 + 2 + 1
+    assert [rows[k]["nfe"] for k in ("(a)", "(b)", "(c)")] == [6, 26, 21]
+    assert [rows[k]["calls"] for k in ("(a)", "(b)", "(c)")] == [6, 26, 6]
+    assert all(r["seconds"] > 0 and r["flops"] > 0 for r in rows.values())
+    assert rows["(c)"]["flops"] / rows["(a)"]["flops"] == pytest.approx(21 / 6, rel=1e-9)
