@@ -44,14 +44,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import config
+import models
 import policy
 import sampler as S
 
 
 def build(args):
     """The pipeline with a LoRA on its transformer (sampling runs with it too, as in train.py) and a Config."""
-    pipe = S.load_pipeline(args.size, args.dtype, args.device)
-    targets = {"lora_targets": config.FLUX_LORA_TARGETS} if S.is_flux(pipe) else {}  # the FLUX presets' LoRA
+    pipe = models.load_pipeline(args.size, args.dtype, args.device)
+    targets = {"lora_targets": config.FLUX_LORA_TARGETS} if models.is_flux(pipe) else {}  # the FLUX presets' LoRA
     cfg = config.Config(guidance=args.guidance, noise_level=args.noise_level, window=args.window, steps=args.steps,
                         gradient_checkpointing=args.gradient_checkpointing, **targets)
     policy.add_lora(pipe.transformer, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(","))
@@ -86,13 +87,13 @@ def measure(fn, args) -> dict:
 
 
 def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
-    shape = S.latent_shape(pipe, args.resolution)
-    sigmas, timesteps = S.sigma_grid(pipe.scheduler, args.steps, shape)
+    shape = models.latent_shape(pipe, args.resolution)
+    sigmas, timesteps = models.sigma_grid(pipe.scheduler, args.steps, shape)
     kind = args.device.split(":")[0]
     autocast = (lambda: torch.autocast(kind, dtype=args.dtype)) if args.dtype != torch.float32 and kind != "meta" \
         else contextlib.nullcontext
     with autocast():
-        cond = S.encode_prompts(pipe, ["a photo of four books"], args.guidance, args.max_sequence_length).repeat(n)
+        cond = models.encode_prompts(pipe, ["a photo of four books"], args.guidance, args.max_sequence_length).repeat(n)
 
     def rollout(complete: bool, naive: bool = False):
         gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(n)])
@@ -100,7 +101,7 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
         with autocast():
             ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
                            "cps", args.guidance, complete=complete, chunk_size=args.chunk_size)
-            counter = S.EvalCounter(ro.counter.nfe, ro.counter.calls)
+            counter = models.EvalCounter(ro.counter.nfe, ro.counter.calls)
             if naive:
                 S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter)
         return counter, ro
@@ -117,7 +118,7 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
     # the transformer rides along for decode's is_flux switch (FLUX latents are unpacked first)
     vae_bf16 = types.SimpleNamespace(vae=copy.deepcopy(pipe.vae).bfloat16(), transformer=pipe.transformer)
     for name, holder in [("(d) decode, VAE float32", pipe), ("(d') decode, VAE bf16", vae_bf16)]:
-        row = measure(lambda: S.decode(holder, ro.final), args)
+        row = measure(lambda: models.decode(holder, ro.final), args)
         rows.append(dict(row, layout=name, nfe=None, calls=None, out=None))
 
     params = [p for p in pipe.transformer.parameters() if p.requires_grad]
@@ -148,7 +149,7 @@ def _cell(value, fmt: str, width: int) -> str:
 
 def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=[*S.TINY, *S.RANDOM], default="tiny",
+    p.add_argument("--size", choices=[*models.TINY, *models.RANDOM], default="tiny",
                    help="a tiny pipeline (SD3 16 px, FLUX 32 px) or SD3.5-M's / FLUX.1-dev's shapes with random "
                         "weights (512 px)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | meta (shapes and FLOPs only, nothing allocated)")
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None):
     args = p.parse_args(argv)
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     args.resolution = {"tiny": 16, "tiny-flux": 32}.get(args.size, 512)
-    args.max_sequence_length = 32 if args.size in S.TINY else 128
+    args.max_sequence_length = 32 if args.size in models.TINY else 128
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but torch sees no GPU; use --device cpu, or --device meta for FLOPs only")
     with torch.no_grad():  # the training phase turns gradients on for itself

@@ -29,6 +29,7 @@ import torch
 from matplotlib.figure import Figure
 
 import config
+import models
 import rewards
 import sampler as S
 import toyworld
@@ -173,17 +174,17 @@ def figures(args) -> None:
     """One prompt group of the shipped toy model: R_k along each trajectory with the kept turning points and their
     r_agg, and the filmstrip of one trajectory's ODE completions with their rewards."""
     cfg = config.Config(**dict(config.PRESETS["tiny"], task="tiny"))
-    pipe = S.load_pipeline(cfg.model)
+    pipe = models.load_pipeline(cfg.model)
     reward_fn = rewards.load_rewards({"toy": 1.0})
     prompt, G, W = args.prompt, args.group, cfg.window
     meta = toyworld.parse_caption(prompt)
-    cond = S.encode_prompts(pipe, [prompt], cfg.guidance, cfg.max_sequence_length).repeat(G)
+    cond = models.encode_prompts(pipe, [prompt], cfg.guidance, cfg.max_sequence_length).repeat(G)
     gens = S.make_generators([S.member_seed(args.seed, 0, 0, m) for m in range(G)])
-    x_T = S.draw_noise(gens, S.latent_shape(pipe, cfg.resolution), "cpu")  # (G, C, h, w)
-    sigmas, timesteps = S.sigma_grid(pipe.scheduler, cfg.steps)
+    x_T = S.draw_noise(gens, models.latent_shape(pipe, cfg.resolution), "cpu")  # (G, C, h, w)
+    sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps)
     ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, W, cfg.noise_level, cfg.sampler,
                    cfg.guidance, complete=True)
-    images = S.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, h, w)
+    images = models.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, h, w)
     R = reward_fn(images, [prompt] * len(images), [meta] * len(images))[0].reshape(G, W + 1)  # (G, W+1)
     group = torch.zeros(G, dtype=torch.long)
     step_r, kept, detected = tp.step_rewards(R, group, "tp-grpo", args.rule)  # (G, W) x 3

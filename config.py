@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import models
 import sampler as S
 import toyworld
 import turning_points as tp
@@ -33,7 +34,7 @@ def _f(default, help: str):
 class Config:
     task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, docs/method.md) | pickscore-flux | "
                                 "geneval-flux (FLUX.1-dev) | tiny (CPU toy world)")
-    model: str = _f(S.SD35_MEDIUM, "SD3 or FLUX pipeline: hub id, local folder, 'tiny', 'tiny-flux', 'random-sd35m' "
+    model: str = _f(models.SD35_MEDIUM, "SD3 or FLUX pipeline: hub id, local folder, 'tiny', 'tiny-flux', 'random-sd35m' "
                                    "or 'random-flux-dev' (SD3.5-M's, FLUX.1-dev's shapes; all random weights built "
                                    "in code, no download)")
     algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
@@ -93,7 +94,7 @@ class Config:
 
 # the shipped toy checkpoint, found from any working directory (outputs still go under the working directory)
 TOY_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_model")
-SD35M = dict(model=S.SD35_MEDIUM, resolution=512, steps=10, eval_steps=40, guidance=4.5, eval_guidance=4.5)
+SD35M = dict(model=models.SD35_MEDIUM, resolution=512, steps=10, eval_steps=40, guidance=4.5, eval_guidance=4.5)
 PRESETS = {
     "pickscore": dict(SD35M, rewards="pickscore:1", prompts="dataset/pickscore_sfw/train.txt",
                       eval_prompts="dataset/pickscore_sfw/test.txt", output_dir="runs/pickscore"),
@@ -126,7 +127,7 @@ FLUX_LORA_TARGETS = ",".join([f"attn.{m}" for m in ("to_q", "to_k", "to_v", "to_
 # 512 px, T = 6 training / 28 evaluation steps, guidance embedding 3.5 in both (no CFG pass), cps with a = 0.8 and
 # the window from step 0; G = 24 over B = 48 prompts with 3 trajectories per GPU per micro-batch, 2 updates per
 # iteration; AdamW 3e-4, eps 1e-5, beta 0 (no reference pass), EMA on, bf16; LoRA r = 64, alpha = 128
-FLUX1_DEV = dict(model=S.FLUX_DEV, resolution=512, steps=6, eval_steps=28, guidance=3.5, eval_guidance=3.5,
+FLUX1_DEV = dict(model=models.FLUX_DEV, resolution=512, steps=6, eval_steps=28, guidance=3.5, eval_guidance=3.5,
                  sampler="cps", noise_level=0.8, window_start=0, group_size=24, prompts_per_iter=48, sample_batch=3,
                  train_batch=3, updates_per_iter=2, lr=3e-4, clip_range=1e-5, beta=0.0, ema_decay=0.9,
                  mixed_precision="bf16", lora_rank=64, lora_alpha=128, lora_targets=FLUX_LORA_TARGETS)

@@ -34,6 +34,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 import config
 import geneval
+import models
 import rewards
 import sampler as S
 
@@ -238,12 +239,12 @@ def main(argv: list[str] | None = None) -> dict:
         if args.checkpoint != "none" and not os.path.isdir(args.checkpoint):
             raise ValueError(f"checkpoint '{args.checkpoint}' is not a folder; pass one written by train.py")
         dtype = torch.bfloat16 if accelerator.device.type == "cuda" else torch.float32
-        pipe = S.load_pipeline(model, dtype, accelerator.device)
+        pipe = models.load_pipeline(model, dtype, accelerator.device)
         if args.checkpoint != "none":
             load_checkpoint_weights(pipe, args.checkpoint, args.ema)
         reward_fn = rewards.load_rewards(config.parse_weights(args.rewards or cfg.rewards), accelerator.device,
                                          batch_size=args.batch)
-    except (S.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
+    except (models.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     result = sample_and_score(pipe, prompts, metadata, reward_fn, samples, steps, guidance, cfg.resolution,
                               cfg.max_sequence_length, args.batch, accelerator)

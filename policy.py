@@ -25,6 +25,7 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 
 import grpo
+import models
 import sampler as S
 
 
@@ -113,13 +114,13 @@ def window_step_loss(policy, reference, x, x_next, t, cond, sigma, sigma_next, l
     sampler, noise_level, clip_range, beta). Returns (loss, stats, log_prob (b,)).
     """
     with autocast():  # bf16 base weights with float32 LoRA weights
-        v = S.velocity(policy, x, t, cond, cfg.guidance)  # (b, C, h, w), with grad
+        v = models.velocity(policy, x, t, cond, cfg.guidance)  # (b, C, h, w), with grad
     # log p_theta of the STORED next sample under the current policy (docs/method.md, 'The clipped loss')
     out = S.sde_step(x, v, sigma, sigma_next, cfg.noise_level, cfg.sampler, next_sample=x_next)
     ref_mean = None
     if cfg.beta > 0:
         with torch.no_grad(), reference() as ref, autocast():
-            v_ref = S.velocity(ref, x, t, cond, cfg.guidance)  # (b, C, h, w)
+            v_ref = models.velocity(ref, x, t, cond, cfg.guidance)  # (b, C, h, w)
         ref_mean = S.sde_step(x, v_ref, sigma, sigma_next, cfg.noise_level, cfg.sampler,
                               next_sample=x_next).mean  # (b, C, h, w)
     loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, out.mean, ref_mean, out.std_kl, cfg.clip_range,

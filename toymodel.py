@@ -22,7 +22,7 @@ scores colour 0.97, and counting alone improved too slowly to be seen in minutes
 
 IMPORTANT for callers: the checkpoint was trained with T5 prompts padded to toyworld.MAX_SEQUENCE_LENGTH = 16
 tokens. SD3 passes no attention mask, so the padding length changes the conditioning: always call
-`sampler.encode_prompts(pipe, prompts, w, max_sequence_length=16)` with this model (16 instead of sampler's default
+`models.encode_prompts(pipe, prompts, w, max_sequence_length=16)` with this model (16 instead of sampler's default
 128 also makes every transformer call ~2x cheaper: 77 + 16 text tokens instead of 77 + 128).
 
 Shape legend: N images (b in a pretraining batch), H/W pixels (32), L text tokens (77 CLIP + 16 T5), D text width
@@ -42,8 +42,8 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
 import evaluate as evaluation
+import models
 import policy
-import sampler
 from toyworld import (COLORS, COUNTS, HELDOUT_EVAL, HELDOUT_SETTINGS, HELDOUT_SIZE, MAX_SEQUENCE_LENGTH, RESOLUTION,
                       STEPS, WORDS, all_metadata, caption, dataset, render, toy_components)
 
@@ -58,7 +58,7 @@ def build_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
     """A fresh (untrained) pixel-space SD3 pipeline: 4 joint-attention blocks of width 64 over 16x16 patches of 2x2
     RGB pixels (~0.59M parameters), random frozen text encoders with the world's words as whole T5 tokens (the
     in-memory CLIP tokenizers have no BPE merges, so CLIP reads the same words letter by letter)."""
-    text = sampler.tiny_text_stack(seed, words=WORDS, width=WIDTH)
+    text = models.tiny_text_stack(seed, words=WORDS, width=WIDTH)
     torch.manual_seed(seed)
     transformer = SD3Transformer2DModel(
         sample_size=RESOLUTION, patch_size=2, in_channels=3, out_channels=3, num_layers=4, attention_head_dim=16,
@@ -158,12 +158,12 @@ def pretrain(out: str | None, steps: int, seed: int = 0, batch: int = 64, lr: fl
     if init is None:
         pipe = build_pipeline(seed)
     else:
-        pipe = sampler.load_pipeline(init) if isinstance(init, str) else init
+        pipe = models.load_pipeline(init) if isinstance(init, str) else init
         pipe = StableDiffusion3Pipeline(**{**pipe.components, "transformer": copy.deepcopy(pipe.transformer)})
     # Every caption the world can say, plus "": encode once (frozen encoders), then index rows per batch.
     vocab = [caption(m) for m in all_metadata()] + [""]
     row_of = {p: i for i, p in enumerate(vocab)}
-    cond = sampler.encode_prompts(pipe, vocab, 1.0, MAX_SEQUENCE_LENGTH)  # embeds (49, L, D), pooled (49, P)
+    cond = models.encode_prompts(pipe, vocab, 1.0, MAX_SEQUENCE_LENGTH)  # embeds (49, L, D), pooled (49, P)
     model = pipe.transformer.train().requires_grad_(True)
     # EMA of every weight, updated after every step with a warm-up (decay min(EMA_DECAY, (1 + s) / (10 + s))) so
     # that the early average is not dominated by the random init; swapped in to evaluate and to save
@@ -268,7 +268,7 @@ def main() -> None:
                        args.eval_every)
         print(f"saved to {args.out}")
     else:
-        pipe = sampler.load_pipeline(args.model)
+        pipe = models.load_pipeline(args.model)
         result = evaluate(pipe, args.samples, args.steps, args.guidance)
         print(format_result(result, args.steps))
         if args.grid:

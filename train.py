@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 import config
 import evaluate
 import grpo
+import models
 import rewards
 import sampler as S
 import toyworld
@@ -96,7 +97,7 @@ class Run:
 class Samples:
     """One iteration's trajectories on this process (step 1)."""
 
-    batches: list[tuple[S.Rollout, S.Cond]]  # per sampling micro-batch: the rollout and its prompts' conditioning
+    batches: list[tuple[S.Rollout, models.Cond]]  # per sampling micro-batch: the rollout and its prompts' conditioning
     w0: int  # first SDE step of the window this iteration
     prompts: list[str]  # (n,) this process's trajectories' prompts
     metadata: list[dict]  # (n,)
@@ -133,12 +134,12 @@ def setup(cfg: Config) -> Run:
         # DEVIATION: the demo code keeps the transformer's weights in float32 and computes under fp16 autocast
         # (accelerate's prepared forward); we store the frozen base in the autocast dtype (bf16 by default), because
         # that halves the weights' memory and bf16 cannot overflow where fp16 can. The VAE decodes in float32 and
-        # the timestep enters the transformer in float32 in both (sampler.load_pipeline, sampler.velocity).
+        # the timestep enters the transformer in float32 in both (models.load_pipeline, models.velocity).
         weight_dtype = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision]
-        pipe = S.load_pipeline(cfg.model, weight_dtype, accelerator.device)
+        pipe = models.load_pipeline(cfg.model, weight_dtype, accelerator.device)
         reward_fn = rewards.load_rewards(config.parse_weights(cfg.rewards), accelerator.device,
                                          batch_size=cfg.reward_batch)
-    except (S.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
+    except (models.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     # the KL's reference policy: LoRA switches its adapter off; full fine-tuning keeps a frozen copy
     ref_model = copy.deepcopy(pipe.transformer) if cfg.lora_rank == 0 and cfg.beta > 0 else None
@@ -153,8 +154,8 @@ def setup(cfg: Config) -> Run:
     transformer, optimizer = accelerator.prepare(transformer, optimizer)
     policy = accelerator.unwrap_model(transformer)  # sampling and the reference pass need no DDP sync
     reference = (lambda: reference_policy(policy)) if ref_model is None else (lambda: contextlib.nullcontext(ref_model))
-    shape = S.latent_shape(pipe, cfg.resolution)
-    sigmas, timesteps = S.sigma_grid(pipe.scheduler, cfg.steps, shape)  # (T+1,), (T,); FLUX's shift needs the shape
+    shape = models.latent_shape(pipe, cfg.resolution)
+    sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)  # (T+1,), (T,); FLUX's shift needs the shape
     run = Run(cfg, accelerator, pipe, policy, transformer, optimizer, params, ema, reference, reward_fn, train_set,
               eval_set, sigmas, timesteps, shape, mine=torch.arange(accelerator.process_index, N, P))  # (n,)
     if resume_from:
@@ -252,7 +253,7 @@ def sample(run: Run, it: int) -> Samples:
     run.policy.eval()
     for b0 in range(0, len(prompts), cfg.sample_batch):
         ids = run.mine[b0:b0 + cfg.sample_batch]  # (b,) trajectory ids
-        cond = S.encode_prompts(run.pipe, prompts[b0:b0 + cfg.sample_batch], cfg.guidance, cfg.max_sequence_length)
+        cond = models.encode_prompts(run.pipe, prompts[b0:b0 + cfg.sample_batch], cfg.guidance, cfg.max_sequence_length)
         gens = S.make_generators([S.member_seed(cfg.seed, it, j // G, j % G) for j in ids.tolist()])
         x_T = S.draw_noise(gens, run.shape, run.accelerator.device)  # (b, C, h, w)
         with run.accelerator.autocast():  # bf16 base weights with float32 LoRA weights
@@ -289,7 +290,7 @@ def decode_and_score(run: Run, latents: torch.Tensor, prompts: list[str], metada
     totals, parts = [], {}
     for start in range(0, latents.shape[0], run.cfg.reward_batch):
         sl = slice(start, start + run.cfg.reward_batch)
-        images = S.decode(run.pipe, latents[sl])  # (m, 3, H', W') in [0, 1]
+        images = models.decode(run.pipe, latents[sl])  # (m, 3, H', W') in [0, 1]
         total, comps = run.reward_fn(images, prompts[sl], metadata[sl])
         totals.append(total.float().cpu())
         for k, v in comps.items():
@@ -336,7 +337,7 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
     run.policy.train()
     states = torch.cat([ro.states for ro, _ in samples.batches])  # (n, W+1, C, h, w)
     logp_old = torch.cat([ro.log_probs for ro, _ in samples.batches])  # (n, W)
-    cond = S.Cond.cat([c for _, c in samples.batches])  # n rows
+    cond = models.Cond.cat([c for _, c in samples.batches])  # n rows
     g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -2, rank))
     order = torch.randperm(n, generator=g)  # (n,) which rows go into which update
     # Flow-GRPO's filter: a trajectory whose advantage is 0 at every window step has no policy gradient; left in,

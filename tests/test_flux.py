@@ -11,8 +11,9 @@ import os
 import pytest
 import torch
 
-import evaluate
 import config
+import evaluate
+import models
 import sampler as S
 import train
 from policy import add_lora
@@ -28,19 +29,19 @@ FAST = ["--task", "pickscore-flux", "--model", "tiny-flux", "--rewards", "jpeg_c
 
 @pytest.fixture(scope="module")
 def pipe():
-    return S.load_pipeline("tiny-flux")
+    return models.load_pipeline("tiny-flux")
 
 
 @pytest.fixture(scope="module")
 def grid(pipe):
-    return S.sigma_grid(pipe.scheduler, T, S.latent_shape(pipe, PX))
+    return models.sigma_grid(pipe.scheduler, T, models.latent_shape(pipe, PX))
 
 
 def _setup(pipe, group=1, seed=0):
     """Conditioning, generators and packed initial noise (n, 4, 64) for PROMPTS x group trajectories."""
-    cond = S.encode_prompts(pipe, PROMPTS, 3.5, max_sequence_length=32).repeat(group)
+    cond = models.encode_prompts(pipe, PROMPTS, 3.5, max_sequence_length=32).repeat(group)
     gens = S.make_generators([S.member_seed(seed, 0, p, m) for p in range(len(PROMPTS)) for m in range(group)])
-    return cond, gens, S.draw_noise(gens, S.latent_shape(pipe, PX), "cpu")
+    return cond, gens, S.draw_noise(gens, models.latent_shape(pipe, PX), "cpu")
 
 
 def _train(tmp_path, *extra, name="run"):
@@ -62,24 +63,24 @@ def test_ode_sampler_and_decoding_equal_diffusers_flux_pipeline(pipe, grid):
     ro = S.rollout(pipe.transformer, cond, x_T, gens, *grid, 0, W, 0.0, "cps", 3.5)  # a = 0: all ODE
     torch.testing.assert_close(ode, ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(ro.final, ref, rtol=0, atol=1e-5)
-    torch.testing.assert_close(S.unpack(ref), pipe._unpack_latents(ref, PX, PX, pipe.vae_scale_factor), rtol=0, atol=0)
+    torch.testing.assert_close(models.unpack(ref), pipe._unpack_latents(ref, PX, PX, pipe.vae_scale_factor), rtol=0, atol=0)
     images = pipe(latents=x_T.clone(), output_type="pt", **kwargs).images  # (2, 3, 32, 32) unpacked, scaled, shifted
-    torch.testing.assert_close(S.decode(pipe, ode), images, rtol=0, atol=1e-5)
+    torch.testing.assert_close(models.decode(pipe, ode), images, rtol=0, atol=1e-5)
 
 
 def test_dynamic_shift_depends_on_the_image_size(pipe):
     # 512 px: 64x64 latents, 32 x 32 = 1024 tokens, mu = 0.5 + (1024 - 256) (1.15 - 0.5) / (4096 - 256) = 0.63
-    shape = S.latent_shape(pipe, 512)
+    shape = models.latent_shape(pipe, 512)
     assert shape == (1024, 64)
-    sigmas, timesteps = S.sigma_grid(pipe.scheduler, T, shape)
+    sigmas, timesteps = models.sigma_grid(pipe.scheduler, T, shape)
     mu = 0.5 + (1024 - 256) * 0.65 / 3840
     plain = torch.linspace(1, 1 / T, T, dtype=torch.float64)  # FluxPipeline's unshifted grid
     shifted = math.exp(mu) * plain / (1 + (math.exp(mu) - 1) * plain)
     torch.testing.assert_close(sigmas[:-1].double(), shifted, rtol=0, atol=1e-6)
     assert sigmas[-1] == 0 and torch.equal(timesteps, sigmas[:-1] * 1000)
-    assert S.sigma_grid(pipe.scheduler, T, S.latent_shape(pipe, PX))[0][1] < sigmas[1]  # fewer tokens, less shift
+    assert models.sigma_grid(pipe.scheduler, T, models.latent_shape(pipe, PX))[0][1] < sigmas[1]  # fewer tokens, less shift
     with pytest.raises(ValueError, match="latent shape"):
-        S.sigma_grid(pipe.scheduler, T)
+        models.sigma_grid(pipe.scheduler, T)
 
 
 # ---------------------------------------------------------------- the shared steps on packed latents
@@ -116,7 +117,7 @@ def test_batched_completions_equal_the_naive_loop_one_pass_per_image(pipe, grid,
     assert ro.counter.nfe == 21 * 6 and ro.counter.calls == T
     # the rollout's log-probs are what training recomputes from the stored states
     sigmas, timesteps = grid
-    v = S.velocity(pipe.transformer, ro.states[:, 2], timesteps[2].expand(6), cond, 3.5)
+    v = models.velocity(pipe.transformer, ro.states[:, 2], timesteps[2].expand(6), cond, 3.5)
     again = S.sde_step(ro.states[:, 2], v, sigmas[2], sigmas[3], 0.8, kind, next_sample=ro.states[:, 3])
     torch.testing.assert_close(again.log_prob, ro.log_probs[:, 2], rtol=1e-5, atol=1e-5)
 
@@ -134,7 +135,7 @@ def test_two_iterations_train_the_lora_only(tmp_path, algo):
     # pass is not bit-identical across batch sizes (the rollout evaluates up to 6 stacked copies, training 3 rows)
     assert all(h["train/first_ratio_dev"] < 1e-6 for h in history)
     assert all(math.isfinite(h["train/loss"]) for h in history)
-    trained, fresh = result["policy"], S.tiny_flux_pipeline().transformer.state_dict()
+    trained, fresh = result["policy"], models.tiny_flux_pipeline().transformer.state_dict()
     lora = {k: v for k, v in trained.named_parameters() if "lora_" in k}
     assert max(v.abs().max().item() for k, v in lora.items() if "lora_B" in k) > 1e-6  # moved from B = 0
     for name, p in trained.named_parameters():
@@ -152,12 +153,12 @@ def test_saved_lora_loads_into_flux_pipeline_and_reproduces_the_policy(trained):
     result, out = trained
     folder = os.path.join(out, "checkpoints", "iter-000002", "lora")
     seeds = [1, 2]
-    pipe = S.tiny_flux_pipeline()
+    pipe = models.tiny_flux_pipeline()
     base = S.generate(pipe, PROMPTS, seeds, T, 3.5, PX, 32)
     pipe.load_lora_weights(folder)  # FluxPipeline's LoRA loader (diffusers' format, lora_alpha in the metadata)
     loaded = S.generate(pipe, PROMPTS, seeds, T, 3.5, PX, 32)
     assert (loaded - base).abs().max() > 1e-4
-    policy = S.tiny_flux_pipeline()
+    policy = models.tiny_flux_pipeline()
     policy.transformer = result["policy"].eval()
     torch.testing.assert_close(loaded, S.generate(policy, PROMPTS, seeds, T, 3.5, PX, 32), rtol=0, atol=1e-5)
     live, ema = lora_file(out, 2), lora_file(out, 2, "lora_ema")
@@ -166,7 +167,7 @@ def test_saved_lora_loads_into_flux_pipeline_and_reproduces_the_policy(trained):
 
 def test_evaluate_on_a_saved_tiny_flux_folder(trained, tmp_path):
     model = str(tmp_path / "tiny-flux")
-    S.tiny_flux_pipeline().save_pretrained(model)  # a local folder: model_index.json names FluxPipeline
+    models.tiny_flux_pipeline().save_pretrained(model)  # a local folder: model_index.json names FluxPipeline
     checkpoint = os.path.join(trained[1], "checkpoints", "iter-000002")
     summary = evaluate.main(["--task", "pickscore-flux", "--model", model, "--prompts", "toy:heldout",
                              "--rewards", "jpeg_compressibility:1", "--checkpoint", checkpoint, "--ema",
@@ -186,7 +187,7 @@ def test_presets_carry_the_authors_flux_settings(capsys):
     for task, window in (("pickscore-flux", 5), ("geneval-flux", 6)):
         cfg = config.parse_config(["--task", task])
         assert (cfg.model, cfg.resolution, cfg.steps, cfg.eval_steps, cfg.window, cfg.window_start) == \
-            (S.FLUX_DEV, 512, 6, 28, window, 0)
+            (models.FLUX_DEV, 512, 6, 28, window, 0)
         assert (cfg.guidance, cfg.eval_guidance, cfg.sampler, cfg.noise_level) == (3.5, 3.5, "cps", 0.8)
         assert (cfg.group_size, cfg.sample_batch, cfg.train_batch, cfg.lr, cfg.clip_range, cfg.beta) == \
             (24, 3, 3, 3e-4, 1e-5, 0.0)
@@ -196,7 +197,7 @@ def test_presets_carry_the_authors_flux_settings(capsys):
 def test_lora_targets_are_342_layers_on_flux_dev():
     from diffusers import FluxTransformer2DModel
     with torch.device("meta"):  # FLUX.1-dev's 11.9B parameters as shapes only
-        transformer = FluxTransformer2DModel(**S.FLUX_DEV_TRANSFORMER)
+        transformer = FluxTransformer2DModel(**models.FLUX_DEV_TRANSFORMER)
     cfg = config.parse_config(["--task", "pickscore-flux"])
     add_lora(transformer, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets.split(","))
     adapted = _adapted(transformer)
@@ -206,22 +207,22 @@ def test_lora_targets_are_342_layers_on_flux_dev():
 
 
 def test_random_flux_dev_has_flux_dev_shapes_on_the_meta_device():
-    pipe = S.load_pipeline(S.RANDOM_FLUX_DEV, torch.bfloat16, "meta")
+    pipe = models.load_pipeline(models.RANDOM_FLUX_DEV, torch.bfloat16, "meta")
     assert pipe.transformer.dtype == torch.bfloat16 and pipe.vae.dtype == torch.float32
     assert sum(p.numel() for p in pipe.transformer.parameters()) == 11_901_408_320
     assert (pipe.text_encoder.config.hidden_size, pipe.text_encoder_2.config.d_model) == (768, 4096)
-    shape = S.latent_shape(pipe, 512)
+    shape = models.latent_shape(pipe, 512)
     assert shape == (1024, 64)  # 512 px -> 16x64x64 latents -> 32 x 32 tokens of 4 x 16 values
-    cond = S.encode_prompts(pipe, PROMPTS, 3.5, max_sequence_length=128)
+    cond = models.encode_prompts(pipe, PROMPTS, 3.5, max_sequence_length=128)
     assert cond.embeds.shape == (2, 128, 4096) and cond.pooled.shape == (2, 768) and cond.neg_embeds is None
     x = torch.zeros(2, *shape, device="meta")
-    assert S.velocity(pipe.transformer, x, torch.full((2,), 500.0), cond, 3.5).shape == (2, 1024, 64)
-    assert S.decode(pipe, x).shape == (2, 3, 512, 512)
+    assert models.velocity(pipe.transformer, x, torch.full((2,), 500.0), cond, 3.5).shape == (2, 1024, 64)
+    assert models.decode(pipe, x).shape == (2, 3, 512, 512)
 
 
 def test_missing_flux_model_gives_one_clear_line(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(S.ModelLoadError) as err:
-        S.load_pipeline(os.path.join("/nonexistent", "flux-model"))
+    with pytest.raises(models.ModelLoadError) as err:
+        models.load_pipeline(os.path.join("/nonexistent", "flux-model"))
     message = str(err.value)
-    assert "\n" not in message and "cannot load the FLUX pipeline" in message and S.FLUX_DEV in message
+    assert "\n" not in message and "cannot load the FLUX pipeline" in message and models.FLUX_DEV in message

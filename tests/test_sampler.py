@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+import models
 import sampler as S
 
 T, W = 10, 9
@@ -15,19 +16,19 @@ T, W = 10, 9
 
 @pytest.fixture(scope="module")
 def pipe():
-    return S.load_pipeline("tiny")
+    return models.load_pipeline("tiny")
 
 
 @pytest.fixture(scope="module")
 def grid(pipe):
-    return S.sigma_grid(pipe.scheduler, T)
+    return models.sigma_grid(pipe.scheduler, T)
 
 
 def _setup(pipe, prompts, group, guidance=4.5, seed=0):
     """Conditioning and seeded generators/initial noise for len(prompts) x group trajectories."""
-    cond = S.encode_prompts(pipe, prompts, guidance, max_sequence_length=16).repeat(group)
+    cond = models.encode_prompts(pipe, prompts, guidance, max_sequence_length=16).repeat(group)
     gens = S.make_generators([S.member_seed(seed, 0, p, m) for p in range(len(prompts)) for m in range(group)])
-    x_T = S.draw_noise(gens, S.latent_shape(pipe, 16), "cpu")  # (n, C, h, w)
+    x_T = S.draw_noise(gens, models.latent_shape(pipe, 16), "cpu")  # (n, C, h, w)
     return cond, gens, x_T
 
 
@@ -144,7 +145,7 @@ def test_bf16_autocast_velocity_is_diffusers_pipelines_at_every_step(grid, guida
     the transformer (a bf16 one moves by up to 2 of 1000, which changes v by up to ~0.1 here), only the CFG
     combination differs, computed in float32 here and in bf16 there (one bf16 rounding)."""
     sigmas, timesteps = grid
-    pipe = S.tiny_pipeline()
+    pipe = models.tiny_pipeline()
     pipe.transformer.to(torch.bfloat16)
     prompts = ["a red cat", "two dogs"]
     seen = []  # (guided velocity, timestep, latent) of each of diffusers' steps
@@ -154,11 +155,11 @@ def test_bf16_autocast_velocity_is_diffusers_pipelines_at_every_step(grid, guida
     with torch.autocast("cpu", dtype=torch.bfloat16):
         pipe(prompt=prompts, negative_prompt=["", ""], latents=x_T.clone(), num_inference_steps=T,
              guidance_scale=guidance, height=16, width=16, output_type="latent", max_sequence_length=16)
-        cond = S.encode_prompts(pipe, prompts, guidance, max_sequence_length=16)
+        cond = models.encode_prompts(pipe, prompts, guidance, max_sequence_length=16)
         assert len(seen) == T
         for i, (v_ref, t, x) in enumerate(seen):
             assert t.dtype == torch.float32 and t.item() == timesteps[i].item()
-            v = S.velocity(pipe.transformer, x.float(), timesteps[i].expand(2), cond, guidance)  # (2, C, h, w)
+            v = models.velocity(pipe.transformer, x.float(), timesteps[i].expand(2), cond, guidance)  # (2, C, h, w)
             bf16_ulp = 2.0 ** -8 * v_ref.float().abs().max().clamp_min(1).item()
             torch.testing.assert_close(v, v_ref.float(), rtol=0, atol=0 if guidance == 1 else bf16_ulp)
 
@@ -186,7 +187,7 @@ def test_counting_55_batched_64_demo_layout(pipe, grid):
     assert ro.counter.nfe == 55 * n and ro.counter.calls == T
     flow_grpo, _ = _rollout(pipe, grid, group=4, complete=False)
     assert flow_grpo.counter.nfe == T * n and flow_grpo.counter.calls == T
-    naive = S.EvalCounter()
+    naive = models.EvalCounter()
     S.complete_naive(pipe.transformer, ro, cond, 4.5, naive)
     # demo layout: 10 rollout + a pure-ODE run of 10 + completions of s_1..s_8 (9 + ... + 2)
     assert flow_grpo.counter.nfe + naive.nfe == 64 * n
@@ -219,7 +220,7 @@ def test_stored_log_prob_is_recomputed_exactly(pipe, grid, kind):
     for k in range(ro.window):
         i = ro.w0 + k
         with torch.no_grad():
-            v = S.velocity(pipe.transformer, ro.states[:, k], timesteps[i].expand(6), cond, 4.5)
+            v = models.velocity(pipe.transformer, ro.states[:, k], timesteps[i].expand(6), cond, 4.5)
         out = S.sde_step(ro.states[:, k], v, sigmas[i], sigmas[i + 1], 0.7, kind, next_sample=ro.states[:, k + 1])
         torch.testing.assert_close(out.log_prob, ro.log_probs[:, k], rtol=1e-5, atol=1e-5)
         assert torch.isfinite(out.log_prob).all()
@@ -232,12 +233,12 @@ def test_bad_window_is_refused(pipe, grid):
 
 def test_decode_gives_images_in_unit_range(pipe, grid):
     ro, _ = _rollout(pipe, grid, complete=False)
-    images = S.decode(pipe, ro.final)
+    images = models.decode(pipe, ro.final)
     assert images.shape == (6, 3, 16, 16) and images.dtype == torch.float32
     assert images.min() >= 0 and images.max() <= 1
     # the VAE decodes in float32 even inside the bf16 autocast that evaluation samples under
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert torch.equal(S.decode(pipe, ro.final), images)
+        assert torch.equal(models.decode(pipe, ro.final), images)
 
 
 def test_member_seed_is_stable_and_distinct():
@@ -247,8 +248,8 @@ def test_member_seed_is_stable_and_distinct():
 
 def test_missing_model_gives_one_clear_line(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(S.ModelLoadError) as err:
-        S.load_pipeline(os.path.join("/nonexistent", "sd3-model"))
+    with pytest.raises(models.ModelLoadError) as err:
+        models.load_pipeline(os.path.join("/nonexistent", "sd3-model"))
     message = str(err.value)
     assert "\n" not in message and "/nonexistent/sd3-model" in message and "local copy" in message
 
@@ -256,7 +257,7 @@ def test_missing_model_gives_one_clear_line(monkeypatch):
 def test_random_sd35m_has_sd35m_shapes_on_the_meta_device():
     """--model random-sd35m built on the meta device: SD3.5-M's parameter counts and tensor shapes end to end,
     nothing allocated; the VAE stays float32 when the rest is bf16."""
-    pipe = S.load_pipeline(S.RANDOM_SD35M, torch.bfloat16, "meta")
+    pipe = models.load_pipeline(models.RANDOM_SD35M, torch.bfloat16, "meta")
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert pipe.transformer.device.type == "meta" and pipe.transformer.dtype == torch.bfloat16
     assert count(pipe.transformer) == 2_243_171_520 and pipe.vae.dtype == torch.float32
@@ -264,9 +265,9 @@ def test_random_sd35m_has_sd35m_shapes_on_the_meta_device():
     widths = [pipe.text_encoder.config.hidden_size, pipe.text_encoder_2.config.hidden_size,
               pipe.text_encoder_3.config.d_model]
     assert widths == [768, 1280, 4096] and pipe.text_encoder_3.config.num_layers == 2
-    assert S.latent_shape(pipe, 512) == (16, 64, 64)
-    cond = S.encode_prompts(pipe, ["a red cat", "two dogs"], 4.5, max_sequence_length=128)
+    assert models.latent_shape(pipe, 512) == (16, 64, 64)
+    cond = models.encode_prompts(pipe, ["a red cat", "two dogs"], 4.5, max_sequence_length=128)
     assert cond.embeds.shape == (2, 77 + 128, 4096) and cond.pooled.shape == (2, 2048)  # CLIP-L + CLIP-G pooled
     x = torch.zeros(2, 16, 64, 64, device="meta")
-    assert S.velocity(pipe.transformer, x, torch.full((2,), 500.0), cond, 4.5).shape == (2, 16, 64, 64)
-    assert S.decode(pipe, x).shape == (2, 3, 512, 512)
+    assert models.velocity(pipe.transformer, x, torch.full((2,), 500.0), cond, 4.5).shape == (2, 16, 64, 64)
+    assert models.decode(pipe, x).shape == (2, 3, 512, 512)

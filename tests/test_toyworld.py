@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import config
+import models
 import rewards
-import sampler
 import toymodel
 import toyworld as tw
 
@@ -244,7 +244,7 @@ def test_reward_api_for_rewards_py():
 def test_shipped_checkpoint_loads_through_the_sampler_and_draws_finite_images():
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(MODEL) for f in files)
     assert size < 5 * 2**20, f"toy_model/ is {size / 2**20:.1f} MiB"
-    pipe = sampler.load_pipeline(MODEL)
+    pipe = models.load_pipeline(MODEL)
     assert pipe.vae is None and pipe.transformer.config.in_channels == 3 and pipe.scheduler.config.shift == 3.0
     result = toymodel.evaluate(pipe, samples=96)  # T = 6, no CFG: the tiny preset's evaluation, first 96 images
     images = result["images"]
@@ -262,7 +262,7 @@ def test_shipped_heldout_values_are_a_fresh_evaluation_of_the_checkpoint():
     cfg = config.parse_config(["--task", "tiny"])
     assert saved["settings"] == {k: getattr(cfg, k) for k in saved["settings"]}
     assert {len(v) for v in saved["per_image"].values()} == {tw.HELDOUT_SIZE}
-    fresh = toymodel.evaluate(sampler.load_pipeline(MODEL), samples=64)["values"]
+    fresh = toymodel.evaluate(models.load_pipeline(MODEL), samples=64)["values"]
     for name, key in [("reward", "score"), ("toy_colour", "colour"), ("toy_count", "count"), ("toy_strict", "strict")]:
         torch.testing.assert_close(torch.tensor(saved["per_image"][name][:64]), fresh[key], rtol=0, atol=1e-6)
     score = torch.tensor(saved["per_image"]["reward"])  # (1024,) the checkpoint's held-out score: room to learn
@@ -277,7 +277,7 @@ def test_pretraining_is_seeded_and_decreases_the_loss(tmp_path):
     # A tiny budget with a larger learning rate (the warm-up is 50 steps): the loss must already fall by > 20%.
     losses = toymodel.pretrain(str(tmp_path / "m"), steps=16, batch=8, lr=2e-3, eval_every=0, log=quiet)["losses"]
     assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4]), losses
-    assert sampler.load_pipeline(str(tmp_path / "m")).vae is None
+    assert models.load_pipeline(str(tmp_path / "m")).vae is None
     # --init continues from the saved weights: its first loss (same batch, same noise) is the trained model's
     resumed = toymodel.pretrain(None, steps=1, batch=8, eval_every=0, init=str(tmp_path / "m"), log=quiet)["losses"]
     assert resumed[0] < 0.8 * losses[0], (resumed, losses)

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 import config
 import evaluate
 import grpo
+import models
 import sampler as S
 import toyworld
 import train
@@ -58,7 +59,7 @@ def test_two_iterations_train_lora_only(tmp_path, algo):
     assert [h["train/first_ratio_dev"] for h in history] == [0.0, 0.0]
     assert max(h["train/ratio_max"] for h in history) > 1  # ...while later micro-batches have moved
     trained = result["policy"]
-    fresh = S.tiny_pipeline().transformer.state_dict()
+    fresh = models.tiny_pipeline().transformer.state_dict()
     lora = {k: v for k, v in trained.named_parameters() if "lora_" in k}
     assert lora and all(v.requires_grad for v in lora.values())
     # gaussian init: lora_B starts at 0, so any nonzero lora_B entry was put there by the optimizer
@@ -77,7 +78,7 @@ def _adapted(transformer) -> set[str]:
 
 def test_lora_targets_are_the_demo_codes_191_joint_attention_projections_on_sd35m():
     with torch.device("meta"):  # SD3.5-M's 2.2B parameters as shapes only
-        transformer = SD3Transformer2DModel(**S.SD35M_TRANSFORMER)
+        transformer = SD3Transformer2DModel(**models.SD35M_TRANSFORMER)
     add_lora(transformer, 32, 64, config.Config().lora_targets.split(","))
     both_streams = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     # the last block is context_pre_only: its text stream has no output projection (to_add_out)
@@ -86,12 +87,12 @@ def test_lora_targets_are_the_demo_codes_191_joint_attention_projections_on_sd35
     assert _adapted(transformer) == expected and len(expected) == 191  # blocks 0-12's attn2 stays frozen
     # bare suffixes (this project's old default) adapt attn2 and miss the text stream: 148 layers
     with torch.device("meta"):
-        transformer = SD3Transformer2DModel(**S.SD35M_TRANSFORMER)
+        transformer = SD3Transformer2DModel(**models.SD35M_TRANSFORMER)
     add_lora(transformer, 32, 64, ["to_q", "to_k", "to_v", "to_out.0"])
     bare = _adapted(transformer)
     assert len(bare) == 148 and sum(".attn2." in name for name in bare) == 52
     # the tiny test model still gets adapters on both streams
-    tiny = add_lora(S.tiny_pipeline().transformer, 32, 64, config.Config().lora_targets.split(","))
+    tiny = add_lora(models.tiny_pipeline().transformer, 32, 64, config.Config().lora_targets.split(","))
     assert len(_adapted(tiny)) == 15 and "transformer_blocks.0.attn.add_q_proj" in _adapted(tiny)
 
 
@@ -152,12 +153,12 @@ def test_saved_lora_loads_into_diffusers_and_reproduces_the_policy(tmp_path):
     result, out = run(tmp_path, "--ema-decay", "0.5", "--ema-every", "1", "--lr", "3e-3")
     folder = os.path.join(out, "checkpoints", "iter-000002")
     prompts, seeds = ["two red squares", "one blue circle"], [1, 2]
-    pipe = S.tiny_pipeline()
+    pipe = models.tiny_pipeline()
     base = S.generate(pipe, prompts, seeds, 10, 4.5, 16, 32)
     pipe.load_lora_weights(os.path.join(folder, "lora"))
     loaded = S.generate(pipe, prompts, seeds, 10, 4.5, 16, 32)
     assert (loaded - base).abs().max() > 1e-4  # the LoRA changes the output...
-    trained = S.tiny_pipeline()
+    trained = models.tiny_pipeline()
     trained.transformer = result["policy"].eval()
     torch.testing.assert_close(loaded, S.generate(trained, prompts, seeds, 10, 4.5, 16, 32), rtol=0, atol=1e-5)
     # ...and is exactly the trained policy; the EMA weights are saved beside it and differ from the live ones
