@@ -32,41 +32,48 @@ def _f(default, help: str):
 
 @dataclass(frozen=True)
 class Config:
+    # what to train: the task's preset, the model, the algorithm and its reward
     task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, docs/method.md) | pickscore-flux | "
                                 "geneval-flux (FLUX.1-dev) | tiny (CPU toy world)")
-    model: str = _f(models.SD35_MEDIUM, "SD3 or FLUX pipeline: hub id, local folder, 'tiny', 'tiny-flux', 'random-sd35m' "
-                                   "or 'random-flux-dev' (SD3.5-M's, FLUX.1-dev's shapes; all random weights built "
-                                   "in code, no download)")
+    model: str = _f(models.SD35_MEDIUM, "SD3 or FLUX pipeline: hub id, local folder, 'tiny', 'tiny-flux', "
+                                        "'random-sd35m' or 'random-flux-dev' (SD3.5-M's, FLUX.1-dev's shapes; all "
+                                        "random weights built in code, no download)")
     algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
     tp_rule: str = _f("strict", "turning-point rule: strict (Def. 5.1, 'w/ constraint') | base (Def. 4.1)")
     rewards: str = _f("pickscore:1", "reward models with weights, 'name:w,name:w' (rewards.py)")
     prompts: str = _f("dataset/pickscore_sfw/train.txt", "training prompts: .txt (one a line) or GenEval .jsonl")
     eval_prompts: str = _f("dataset/pickscore_sfw/test.txt", "evaluation prompts (same formats)")
+    # sampling (Sec. 3): the grid and the guidance, in training and at evaluation
     resolution: int = _f(512, "image side in pixels")
     steps: int = _f(10, "T, sampling steps during training")
     eval_steps: int = _f(40, "sampling steps at evaluation")
     guidance: float = _f(4.5, "w, classifier-free guidance scale in training (<= 1: no CFG)")
     eval_guidance: float = _f(4.5, "w at evaluation")
+    # the SDE window (docs/method.md, 'Rollout with an SDE window')
     sampler: str = _f("cps", "stochastic step: cps (coefficients-preserving) | sde (Flow-GRPO's SDE), docs/method.md")
     noise_level: float = _f(0.7, "a, the noise level of the stochastic step")
     window: int = _f(9, "W, number of SDE (trained) steps")
     window_start: int = _f(0, "w0, first SDE step; -1 draws it per iteration in [0, T - W]")
+    # groups and batches (Algorithm 1)
     group_size: int = _f(24, "G, trajectories per prompt")
     prompts_per_iter: int = _f(48, "B, prompts per iteration over all processes")
     sample_batch: int = _f(9, "trajectories per rollout call on each process")
     train_batch: int = _f(9, "trajectories per training micro-batch on each process")
     updates_per_iter: int = _f(2, "optimizer steps per iteration (the samples are split this many ways)")
+    # AdamW
     lr: float = _f(3e-4, "AdamW learning rate")
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.999, "AdamW beta2")
     weight_decay: float = _f(1e-4, "AdamW weight decay")
     adam_eps: float = _f(1e-8, "AdamW epsilon")
+    # the update (Sec. 5; docs/method.md, 'The clipped loss')
     max_grad_norm: float = _f(1.0, "gradient-norm clip")
     clip_range: float = _f(1e-5, "epsilon, the ratio clip: clip(rho, 1 - eps, 1 + eps)")
     beta: float = _f(1e-4, "beta, the KL weight (0 skips the reference forward pass)")
     adv_clip: float = _f(5.0, "advantages are clipped to [-adv_clip, adv_clip]")
     drop_zero_adv: bool = _f(True, "leave trajectories whose advantage A_{i,k} is 0 at every window step out of "
                                    "the loss's means (Flow-GRPO and the demo code drop them)")
+    # LoRA and EMA (docs/method.md, 'SD3.5-Medium hyperparameters')
     lora_rank: int = _f(32, "LoRA r (0 = full fine-tuning of the transformer)")
     lora_alpha: int = _f(64, "LoRA alpha")
     lora_targets: str = _f(",".join(f"attn.{m}" for m in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj",
@@ -77,16 +84,19 @@ class Config:
     ema_decay: float = _f(0.9, "EMA decay cap: after optimizer step s the decay is min(ema_decay, (1+s)/(10+s)) "
                                "(0 disables EMA)")
     ema_every: int = _f(8, "EMA update after optimizer step s when (s+1) % ema_every == 0")
+    # precision and memory
     mixed_precision: str = _f("bf16", "no | bf16 | fp16 (weights of frozen parts and autocast)")
     gradient_checkpointing: bool = _f(False, "recompute transformer activations in backward (saves memory)")
     max_sequence_length: int = _f(128, "T5 tokens per prompt")
     chunk_size: int = _f(0, "max images per transformer call in completions (0 = no cap)")
     reward_batch: int = _f(32, "images per decode/reward call")
+    # the run: length, evaluations, checkpoints, seed, outputs
     iterations: int = _f(2000, "training iterations")
     eval_every: int = _f(50, "evaluate every this many iterations (0 = only before and after)")
     eval_samples: int = _f(64, "evaluation images (prompts cycled, seeds fixed)")
     save_every: int = _f(50, "checkpoint every this many iterations (0 = only at the end)")
     seed: int = _f(0, "seed of prompts, noise and shuffling: (seed, iteration, prompt, member)")
+    # where things go
     output_dir: str = _f("runs/pickscore", "checkpoints, logs, sample grids")
     resume: str = _f("", "checkpoint folder to continue from, or 'latest' in output_dir")
     report_to: str = _f("tensorboard", "tensorboard | wandb | none")

@@ -205,7 +205,8 @@ def load_checkpoint_weights(pipe, checkpoint: str, ema: bool) -> str:
         pipe.load_lora_weights(folder)
     except Exception as e:
         raise ValueError(f"cannot load the LoRA in '{folder}' into {type(pipe.transformer).__name__} "
-                         f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); was it trained on this --model?") from e
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); was it trained on this "
+                         f"--model?") from e
     return folder
 
 

@@ -354,7 +354,8 @@ def _load_mask2former(source, device):
                     _hub_hint("mask2former"))
     if model.config.num_labels != len(geneval.GENEVAL_CLASSES):
         raise RewardLoadError(f"Mask2Former at '{source}' has {model.config.num_labels} classes, GenEval needs the "
-                              f"{len(geneval.GENEVAL_CLASSES)} COCO classes (facebook/mask2former-swin-small-coco-instance)")
+                              f"{len(geneval.GENEVAL_CLASSES)} COCO classes "
+                              f"(facebook/mask2former-swin-small-coco-instance)")
     return model
 
 
@@ -372,14 +373,15 @@ def load_geneval(device, batch_size=16, model_paths=None, **_):
     def color_classifier(classname):
         """clip_benchmark zero_shot_classifier: per colour the normalized mean of its normalized template embeddings."""
         if classname not in color_classifiers:
-            texts = [t.format(c=c, cls=classname) for c in geneval.GENEVAL_COLORS for t in geneval.GENEVAL_COLOR_TEMPLATES]
+            texts = [t.format(c=c, cls=classname) for c in geneval.GENEVAL_COLORS
+                     for t in geneval.GENEVAL_COLOR_TEMPLATES]
             emb = _text_features(clip, tokenizer, texts, device)  # (10 * 3, D), colour-major
             color_classifiers[classname] = geneval.zero_shot_weights(emb, len(geneval.GENEVAL_COLORS))  # (10, D)
         return color_classifiers[classname]
 
     def colors_of(image, boxes, masks, indices, classname):
-        pixels = torch.cat([clip_preprocess(crop[None], **image_cfg)
-                            for crop in geneval.object_crops(image, boxes[indices], masks[indices])])  # (k, 3, 224, 224)
+        crops = geneval.object_crops(image, boxes[indices], masks[indices])  # k x (3, y2 - y1, x2 - x1)
+        pixels = torch.cat([clip_preprocess(crop[None], **image_cfg) for crop in crops])  # (k, 3, 224, 224)
         feats = F.normalize(clip.get_image_features(pixel_values=pixels).pooler_output, dim=-1)  # (k, D)
         return [geneval.GENEVAL_COLORS[j] for j in (feats @ color_classifier(classname).T).argmax(-1).tolist()]
 
@@ -402,8 +404,8 @@ def load_geneval(device, batch_size=16, model_paths=None, **_):
                 masks = F.interpolate(masks, size=(h, w), mode="bilinear", align_corners=False)[0]  # (Q, H, W)
                 boxes, labels, scores, binary = geneval.mask2former_instances(out.class_queries_logits[j], masks)
                 tag = metadata[i]["tag"]
-                chosen = geneval.select_objects(boxes, labels, scores,
-                                        geneval.GENEVAL_COUNTING_THRESHOLD if tag == "counting" else geneval.GENEVAL_THRESHOLD)
+                threshold = geneval.GENEVAL_COUNTING_THRESHOLD if tag == "counting" else geneval.GENEVAL_THRESHOLD
+                chosen = geneval.select_objects(boxes, labels, scores, threshold)
                 colors = {}
                 for req in metadata[i]["include"]:
                     indices = chosen.get(req["class"], [])[:req["count"]]

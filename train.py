@@ -155,7 +155,8 @@ def setup(cfg: Config) -> Run:
     policy = accelerator.unwrap_model(transformer)  # sampling and the reference pass need no DDP sync
     reference = (lambda: reference_policy(policy)) if ref_model is None else (lambda: contextlib.nullcontext(ref_model))
     shape = models.latent_shape(pipe, cfg.resolution)
-    sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)  # (T+1,), (T,); FLUX's shift needs the shape
+    # (T+1,), (T,); FLUX's shift depends on the image size, so the grid needs the latent shape
+    sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)
     run = Run(cfg, accelerator, pipe, policy, transformer, optimizer, params, ema, reference, reward_fn, train_set,
               eval_set, sigmas, timesteps, shape, mine=torch.arange(accelerator.process_index, N, P))  # (n,)
     if resume_from:
@@ -540,7 +541,8 @@ def main(cfg: Config) -> dict:
             bar.set_postfix(reward=f"{log['reward/mean']:.3f}", loss=f"{log['train/loss']:.3g}")
             with open(history_path, "a") as f:
                 f.write(json.dumps({"iteration": run.progress.iteration, **log}) + "\n")
-        if (cfg.save_every and run.progress.iteration % cfg.save_every == 0) or run.progress.iteration == cfg.iterations:
+        done = run.progress.iteration
+        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.iterations:
             save_checkpoint(acc, run.policy, run.ema, run.progress, cfg)
     return {"summaries": summaries, "policy": run.policy, "checksums": finish(run, summaries, history_path)}
 
