@@ -8,6 +8,8 @@ Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 
   (c) TP-GRPO batched (sampler.rollout(complete=True)): the wavefront, 55 evaluations in T calls.
   (d) decoding n latents with the VAE in float32 (what train.py does, as the demo code), and (d') in bf16 for
       comparison: TP-GRPO decodes W+1 images per trajectory.
+  (a*), (c*) with --compile: (a) and (c) with the transformer compiled for calls of a fixed size
+      (models.CompiledTransformer, as train.py --compile runs it); the compile warm-up is timed on its own.
   (e) one training micro-batch of the n trajectories: W window steps of forward + backward through the LoRA
       transformer (policy.window_step_loss: the policy, the adapter-off reference when beta > 0, grpo_loss), then
       one AdamW step.
@@ -21,6 +23,8 @@ reported.
   python bench.py                          # the tiny random-weight pipeline on the CPU (a few minutes on 2 cores)
   python bench.py --size random-sd35m --device cuda --dtype bf16 --batches 8
                                            # SD3.5-M's shapes with random weights, 512 px: no download
+  python bench.py --size random-sd35m --device cuda --dtype bf16 --batches 16 --compile
+                                           # also (a*) and (c*): the transformer compiled (torch.compile)
   python bench.py --size random-sd35m --device meta --batches 8
                                            # the same shapes on no memory at all: FLOPs only (a CPU-safe check)
   python bench.py --size tiny-flux --steps 6 --window 5 --guidance 3.5
@@ -61,13 +65,25 @@ def build(args):
     return pipe, cfg
 
 
-def measure(fn, args) -> dict:
+def measure(fn, args, flops: int | None = None) -> dict:
     """FLOPs of one fn() and, off the meta device, the median wall time of `repeats` runs after one warm-up and
-    (CUDA) the peak memory. Returns {flops, seconds, peak_gib, out}."""
+    (CUDA) the peak memory. Returns {flops, seconds, peak_gib, warmup_s, out}.
+
+    `flops` given (a compiled phase: the same arithmetic as its eager twin, counted there, since FlopCounterMode
+    sees no operators inside a compiled graph): the warm-up call, where torch.compile compiles, is timed instead.
+    """
     cuda = args.device.startswith("cuda")
-    with FlopCounterMode(display=False) as counter:
+    start = time.perf_counter()
+    if flops is None:
+        with FlopCounterMode(display=False) as counter:
+            out = fn()
+        flops = counter.get_total_flops()
+    else:
         out = fn()
-    row = dict(flops=counter.get_total_flops(), seconds=None, peak_gib=None, out=out)
+        if cuda:
+            torch.cuda.synchronize()
+    warmup = time.perf_counter() - start
+    row = dict(flops=flops, seconds=None, peak_gib=None, warmup_s=warmup, out=out)
     if args.device == "meta":
         return row
     times = []
@@ -95,11 +111,11 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
     with autocast():
         cond = models.encode_prompts(pipe, ["a photo of four books"], args.guidance, args.max_sequence_length).repeat(n)
 
-    def rollout(complete: bool, naive: bool = False):
+    def rollout(complete: bool, naive: bool = False, transformer=pipe.transformer):
         gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(n)])
         x_T = S.draw_noise(gens, shape, args.device)  # (n, C, h, w)
         with autocast():
-            ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
+            ro = S.rollout(transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
                            "cps", args.guidance, complete=complete, chunk_size=args.chunk_size)
             counter = models.EvalCounter(ro.counter.nfe, ro.counter.calls)
             if naive:
@@ -113,6 +129,16 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
         row = measure(lambda: rollout(complete, naive), args)
         counter, ro = row.pop("out")
         rows.append(dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls))
+    if args.compile:
+        # the transformer compiled for calls of `rows` images: by default one rollout call (n, x2 with SD3's CFG),
+        # so the wavefront's calls of n(1 + live) trajectories split into whole chunks, as in train.py --compile
+        fixed = models.CompiledTransformer(pipe.transformer, args.compile_rows or n * _cfg_pair(pipe, args),
+                                           args.compile_backend)
+        for name, complete, eager in [("(a*) Flow-GRPO rollout, compiled", False, rows[0]),
+                                      ("(c*) TP-GRPO wavefront, compiled", True, rows[2])]:
+            row = measure(lambda: rollout(complete, transformer=fixed), args, flops=eager["flops"])
+            counter, _ = row.pop("out")
+            rows.append(dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls))
 
     # the VAE as train.py runs it (float32), and a bf16 copy of it for comparison
     # the transformer rides along for decode's is_flux switch (FLUX latents are unpacked first)
@@ -143,6 +169,11 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
     return [dict(r, batch=n) for r in rows]
 
 
+def _cfg_pair(pipe, args) -> int:
+    """Images per trajectory in a transformer call: 2 with SD3's CFG (the negative prompt's half), else 1."""
+    return 2 if args.guidance > 1 and not models.is_flux(pipe) else 1
+
+
 def _cell(value, fmt: str, width: int) -> str:
     return f"{'-' if value is None else format(value, fmt):>{width}}"
 
@@ -164,10 +195,18 @@ def main(argv: list[str] | None = None):
     p.add_argument("--chunk-size", type=int, default=None, help="cap on images per transformer call in (c)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in (e)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median reported)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time (a) and (c) with the transformer compiled (torch.compile, inductor) in calls of a "
+                        "fixed size; the compile warm-up is reported separately")
+    p.add_argument("--compile-rows", type=int, default=0,
+                   help="images per compiled call (0: one rollout call, n x2 with SD3's CFG)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (eager: trace only)")
     args = p.parse_args(argv)
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     args.resolution = {"tiny": 16, "tiny-flux": 32}.get(args.size, 512)
     args.max_sequence_length = 32 if args.size in models.TINY else 128
+    if args.compile and args.device == "meta":
+        p.error("--compile runs the compiled model on real tensors; use --device cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda but torch sees no GPU; use --device cpu, or --device meta for FLOPs only")
     with torch.no_grad():  # the training phase turns gradients on for itself
@@ -182,7 +221,7 @@ def run(args) -> list[dict]:
           f"CFG={args.guidance} {args.resolution} px, transformer "
           f"{sum(q.numel() for q in pipe.transformer.parameters()) / 1e9:.3g}B parameters with LoRA")
     print(f"{'batch':>5}  {'phase':<34} {'nfe/traj':>10} {'calls':>6} {'seconds':>9} {'TFLOP':>9} {'TFLOP/s':>8} "
-          f"{'peak GiB':>8}")
+          f"{'peak GiB':>8} {'warm-up s':>9}")
     results = []
     for n in args.batches:
         rows = bench_batch(pipe, cfg, args, n)
@@ -190,9 +229,12 @@ def run(args) -> list[dict]:
             rate = r["flops"] / 1e12 / r["seconds"] if r["seconds"] else None
             print(f"{n:>5}  {r['layout']:<34} {_cell(r['nfe'], '.0f', 10)} {_cell(r['calls'], 'd', 6)} "
                   f"{_cell(r['seconds'], '.3f', 9)} {r['flops'] / 1e12:>9.4g} {_cell(rate, '.3g', 8)} "
-                  f"{_cell(r['peak_gib'], '.1f', 8)}")
+                  f"{_cell(r['peak_gib'], '.1f', 8)} {_cell(r['warmup_s'], '.1f', 9)}")
         a, b, c = rows[:3]
-        for label, x, y in [("ratio b/c (batching speed-up)", b, c), ("ratio c/a (cost of TP credit)", c, a)]:
+        pairs = [("ratio b/c (batching speed-up)", b, c), ("ratio c/a (cost of TP credit)", c, a)]
+        if args.compile:
+            pairs += [("ratio a/a* (compile speed-up)", a, rows[3]), ("ratio c/c* (compile speed-up)", c, rows[4])]
+        for label, x, y in pairs:
             seconds = x["seconds"] / y["seconds"] if x["seconds"] else None
             print(f"{n:>5}  {label:<34} {x['nfe'] / y['nfe']:>10.2f} {x['calls'] / y['calls']:>6.1f} "
                   f"{_cell(seconds, '.2f', 9)} {x['flops'] / y['flops']:>9.2f}")  # FLOP ratio

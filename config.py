@@ -89,6 +89,10 @@ class Config:
     gradient_checkpointing: bool = _f(False, "recompute transformer activations in backward (saves memory)")
     max_sequence_length: int = _f(128, "T5 tokens per prompt")
     chunk_size: int = _f(0, "max images per transformer call in completions (0 = no cap)")
+    compile: bool = _f(False, "torch.compile the transformer for sampling, completions and evaluation, in calls of "
+                              "compile_rows images (a GPU run of hundreds of iterations; see the README)")
+    compile_rows: int = _f(0, "images per compiled call (0 = one rollout call: sample_batch, x2 with CFG)")
+    compile_backend: str = _f("inductor", "torch.compile backend (inductor; eager / aot_eager only trace)")
     reward_batch: int = _f(32, "images per decode/reward call")
     # the run: length, evaluations, checkpoints, seed, outputs
     iterations: int = _f(2000, "training iterations")

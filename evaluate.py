@@ -43,8 +43,10 @@ GRID_IMAGES = 32  # evaluation images shown in the grid picture (grid.png, train
 
 
 def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, samples: int, steps: int,
-                     guidance: float, resolution: int, max_sequence_length: int, batch: int, accelerator=None):
-    """Generate `samples` images (prompt i mod len, seed (EVAL_SEED, i)) split over processes, score them.
+                     guidance: float, resolution: int, max_sequence_length: int, batch: int, accelerator=None,
+                     transformer=None):
+    """Generate `samples` images (prompt i mod len, seed (EVAL_SEED, i)) split over processes, score them
+    (`transformer`: called instead of pipe.transformer, e.g. its compiled form).
 
     Returns {"summary": {metric: mean, metric_std, metric_se}, "values": {metric: (M,)}, "images": this
     process's images (m, 3, H, W), "index": their image indices (m,)} with identical summaries and values on
@@ -56,7 +58,8 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     prm = [prompts[i % len(prompts)] for i in mine]
     meta = [metadata[i % len(prompts)] for i in mine]
     seeds = [S.member_seed(EVAL_SEED, 0, i, 0) for i in mine]
-    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch)  # (m, 3, H, W)
+    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch,
+                        transformer)  # (m, 3, H, W)
     values = {}
     for start in range(0, len(mine), batch):
         sl = slice(start, start + batch)

@@ -443,3 +443,52 @@ def _flux_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: C
                        guidance=guidance, pooled_projections=cond.pooled.to(dtype),
                        encoder_hidden_states=cond.embeds.to(dtype), txt_ids=txt_ids, img_ids=img_ids,
                        return_dict=False)[0].float()  # (n, h/2 * w/2, 4C)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. The transformer compiled for a fixed call size (torch.compile), for sampling, completions and evaluation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class CompiledTransformer:
+    """The transformer's forward compiled with torch.compile for calls of exactly `rows` images.
+
+    torch.compile specializes a graph to the input shapes it sees, and a new shape costs a new compilation (about
+    a minute at SD3.5-M scale). The wavefront's calls grow and shrink with the number of live completion branches
+    (n, 2n, ... per grid index), CFG doubles them, evaluation batches differ and the last batch can be short: a
+    naively compiled model would recompile at almost every call. Here every call is cut into chunks of `rows`
+    images and the last chunk is padded with copies of its last row, whose outputs are dropped; every image is
+    computed alone (no batch statistics in the transformer), so padding changes no result beyond float32
+    rounding. One compiled graph per (rows, text length, dtype) then serves a whole run.
+
+    Used like the transformer by `velocity` (it forwards .module, .dtype and the keyword call); the weights stay
+    the policy's own, so LoRA updates and EMA swaps are seen without recompiling.
+    """
+
+    BATCHED = ("hidden_states", "timestep", "encoder_hidden_states", "pooled_projections", "guidance")
+
+    def __init__(self, transformer, rows: int, backend: str = "inductor"):
+        if rows < 1:
+            raise ValueError(f"a compiled call needs rows >= 1 images, got {rows}")
+        self.module, self.rows = transformer, rows  # .module: is_flux and the FLUX config look behind it
+        # dynamic=False: one static graph per shape, the fastest kernels, and a recompile would show in the count
+        self.compiled = torch.compile(transformer, backend=backend, dynamic=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.module.dtype
+
+    def __call__(self, **inputs):
+        n = inputs["hidden_states"].shape[0]
+        outs = []
+        for start in range(0, n, self.rows):
+            m = min(self.rows, n - start)  # real images in this chunk; rows - m are padding
+            chunk = {k: _pad_rows(v[start:start + m], self.rows) if k in self.BATCHED and v is not None else v
+                     for k, v in inputs.items()}  # every batched input (rows, ...)
+            outs.append(self.compiled(**chunk)[0][:m])  # (m, C, h, w), the padding's outputs dropped
+        return (torch.cat(outs),)  # (n, C, h, w), as the transformer returns with return_dict=False
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """(m, ...) -> (rows, ...): the last row repeated (a real input, so the padding computes nothing unusual)."""
+    return x if x.shape[0] == rows else torch.cat([x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])

@@ -254,11 +254,13 @@ def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float,
 
 @torch.no_grad()
 def generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float, resolution: int,
-             max_sequence_length: int = 128, batch_size: int = 16) -> torch.Tensor:
+             max_sequence_length: int = 128, batch_size: int = 16, transformer=None) -> torch.Tensor:
     """Plain ODE sampling (evaluation): one image per (prompt, seed), in [0, 1], (N, 3, H', W') on the CPU.
 
-    Seeds make each image independent of batch size and process count, as in training.
+    Seeds make each image independent of batch size and process count, as in training. `transformer`: what to
+    call instead of pipe.transformer (its compiled form, models.CompiledTransformer).
     """
+    transformer = transformer or pipe.transformer
     shape = latent_shape(pipe, resolution)
     sigmas, timesteps = sigma_grid(pipe.scheduler, steps, shape)
     images = []
@@ -266,6 +268,6 @@ def generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_sc
         part = prompts[start:start + batch_size]
         cond = encode_prompts(pipe, part, guidance_scale, max_sequence_length)
         x_T = draw_noise(make_generators(seeds[start:start + batch_size]), shape, pipe.transformer.device)
-        x_0 = ode_complete(pipe.transformer, x_T, 0, cond, sigmas, timesteps, guidance_scale)  # (b, C, h, w)
+        x_0 = ode_complete(transformer, x_T, 0, cond, sigmas, timesteps, guidance_scale)  # (b, C, h, w)
         images.append(decode(pipe, x_0).cpu())  # (b, 3, H', W')
     return torch.cat(images)  # (N, 3, H', W')

@@ -73,6 +73,7 @@ class Run:
     accelerator: Accelerator
     pipe: object  # the diffusers pipeline (text encoders, VAE, scheduler); pipe.transformer is `policy`
     policy: torch.nn.Module  # the transformer with LoRA, unwrapped: sampling, evaluation, the reference pass
+    sampling_policy: object  # what sampling and evaluation call: `policy`, or with --compile its compiled form
     transformer: torch.nn.Module  # the same model as accelerate prepared it (DDP): the training forward/backward
     optimizer: torch.optim.Optimizer
     params: list[torch.nn.Parameter]  # the trainable weights (LoRA)
@@ -157,8 +158,9 @@ def setup(cfg: Config) -> Run:
     shape = models.latent_shape(pipe, cfg.resolution)
     # (T+1,), (T,); FLUX's shift depends on the image size, so the grid needs the latent shape
     sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)
-    run = Run(cfg, accelerator, pipe, policy, transformer, optimizer, params, ema, reference, reward_fn, train_set,
-              eval_set, sigmas, timesteps, shape, mine=torch.arange(accelerator.process_index, N, P))  # (n,)
+    run = Run(cfg, accelerator, pipe, policy, compiled_policy(policy, cfg) if cfg.compile else policy, transformer,
+              optimizer, params, ema, reference, reward_fn, train_set, eval_set, sigmas, timesteps, shape,
+              mine=torch.arange(accelerator.process_index, N, P))  # (n,)
     if resume_from:
         load_checkpoint(accelerator, ema, run.progress, resume_from)
     if accelerator.is_main_process:
@@ -166,6 +168,15 @@ def setup(cfg: Config) -> Run:
     if cfg.report_to != "none":
         accelerator.init_trackers("tp-grpo", config={k: v for k, v in dataclasses.asdict(cfg).items()})
     return run
+
+
+def compiled_policy(policy, cfg: Config) -> models.CompiledTransformer:
+    """The policy compiled for sampling, completions and evaluation (--compile), in calls of a fixed number of
+    images: by default one rollout call's, sample_batch (x2 with CFG: SD3 stacks the negative prompt's half), so
+    the wavefront's calls of n(1 + live) trajectories split into whole chunks and need no padding; evaluation's
+    batches are padded to it. One graph then serves the run (the README's compile section)."""
+    cfg_pair = 2 if cfg.guidance > 1 and not models.is_flux(policy) else 1
+    return models.CompiledTransformer(policy, cfg.compile_rows or cfg.sample_batch * cfg_pair, cfg.compile_backend)
 
 
 # ================================================================================================================
@@ -258,7 +269,7 @@ def sample(run: Run, it: int) -> Samples:
         gens = S.make_generators([S.member_seed(cfg.seed, it, j // G, j % G) for j in ids.tolist()])
         x_T = S.draw_noise(gens, run.shape, run.accelerator.device)  # (b, C, h, w)
         with run.accelerator.autocast():  # bf16 base weights with float32 LoRA weights
-            ro = S.rollout(run.policy, cond, x_T, gens, run.sigmas, run.timesteps, w0, W, cfg.noise_level,
+            ro = S.rollout(run.sampling_policy, cond, x_T, gens, run.sigmas, run.timesteps, w0, W, cfg.noise_level,
                            cfg.sampler, cfg.guidance, complete=cfg.algo != "flow-grpo",  # Flow-GRPO: final image only
                            chunk_size=cfg.chunk_size or None)
         nfe += ro.counter.nfe
@@ -427,13 +438,14 @@ def evaluate_policy(run: Run, tag: str, shipped: dict | None = None) -> dict[str
     the paired change against "before" (the same images) once that exists."""
     cfg, acc = run.cfg, run.accelerator
     prompts, metadata = run.eval_set
+    run.policy.eval()
     if run.ema is not None:
         run.ema.swap()  # the EMA weights are the ones evaluated (docs/method.md, 'SD3.5-Medium hyperparameters')
     for samples in ([evaluate.GRID_IMAGES] if shipped else []) + [cfg.eval_samples]:
         with acc.autocast():
             result = evaluate.sample_and_score(run.pipe, prompts, metadata, run.reward_fn, samples, cfg.eval_steps,
                                                cfg.eval_guidance, cfg.resolution, cfg.max_sequence_length,
-                                               cfg.reward_batch, acc)
+                                               cfg.reward_batch, acc, run.sampling_policy)
         if shipped and torch.allclose(result["values"]["reward"], shipped["reward"][:samples], atol=1e-5):
             result |= {"values": shipped, "summary": evaluate.summarize(shipped)}
             acc.print(f"eval {tag}: the checkpoint's shipped values ({toyworld.HELDOUT_EVAL}; its first {samples} "

@@ -44,3 +44,13 @@ def test_tiny_flux_bench_at_the_flux_presets_schedule():
     assert [rows[k]["calls"] for k in ("(a)", "(b)", "(c)")] == [6, 26, 6]
     assert all(r["seconds"] > 0 and r["flops"] > 0 for r in rows.values())
     assert rows["(c)"]["flops"] / rows["(a)"]["flops"] == pytest.approx(21 / 6, rel=1e-9)
+
+
+def test_compiled_phases_count_the_same_work_and_time_their_warm_up():
+    """--compile adds (a*) and (c*): the same evaluations, calls and FLOPs as (a) and (c), a timed warm-up (dynamo's
+    "eager" backend here: the tracing and the fixed-size calls without compiling kernels, see test_compile.py)."""
+    rows = _rows(bench.main(["--batches", "3", "--repeats", "1", "--compile", "--compile-backend", "eager"]))
+    for eager, compiled in [("(a)", "(a*)"), ("(c)", "(c*)")]:
+        assert {k: rows[compiled][k] for k in ("nfe", "calls", "flops")} == \
+            {k: rows[eager][k] for k in ("nfe", "calls", "flops")}
+        assert rows[compiled]["seconds"] > 0 and rows[compiled]["warmup_s"] > 0

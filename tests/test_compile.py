@@ -1,0 +1,96 @@
+"""--compile on the tiny models (CPU): padding a call to the compiled size changes no result, a compiled rollout
+with completions equals the eager one, and a whole training run compiles a bounded number of graphs (dynamo's own
+counters) while training exactly what the uncompiled run trains."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+import config
+import models
+import sampler as S
+import train
+
+FAST = ["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1", "--resolution", "16",
+        "--prompts-per-iter", "2", "--group-size", "4", "--sample-batch", "8", "--train-batch", "4",
+        "--eval-samples", "8", "--report-to", "none", "--iterations", "2", "--max-sequence-length", "32",
+        "--steps", "6", "--window", "5", "--eval-steps", "6"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test counts its own compilations."""
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def inputs(name: str, n: int):
+    """A tiny pipeline (SD3 16 px with CFG, or FLUX 32 px with its guidance embedding) and n images' inputs."""
+    pipe = models.TINY[name]()
+    resolution, w = (16, 4.5) if name == "tiny" else (32, 3.5)
+    shape = models.latent_shape(pipe, resolution)
+    x = S.draw_noise(S.make_generators(list(range(n))), shape, "cpu")  # (n, C, h, w) or (n, h/2 * w/2, 4C)
+    cond = models.encode_prompts(pipe, [f"prompt {i}" for i in range(n)], w, 32)
+    t = torch.linspace(900, 100, n)  # (n,) a different timestep per image
+    return pipe, x, t, cond, w
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-flux"])
+@pytest.mark.parametrize("n", [3, 4, 7])
+def test_padding_to_the_compiled_size_never_changes_a_result(name, n):
+    pipe, x, t, cond, w = inputs(name, n)
+    eager = models.velocity(pipe.transformer, x, t, cond, w)  # (n, ...) one call of n (x2 with CFG) images
+    # 4 images per call: n = 3 pads one chunk, n = 4 fits, n = 7 is a full chunk and a padded one
+    fixed = models.CompiledTransformer(pipe.transformer, rows=4, backend="eager")
+    torch.testing.assert_close(models.velocity(fixed, x, t, cond, w), eager, rtol=0, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1  # every chunk had the same shape
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("clang++") is None,
+                    reason="inductor on the CPU compiles C++ kernels and needs a C++ compiler")
+def test_inductor_compiled_rollout_with_completions_equals_eager():
+    pipe, _, _, _, _ = inputs("tiny", 1)
+    cond = models.encode_prompts(pipe, ["a red cube", "two blue balls", "one cat"], 4.5, 32)
+    shape = models.latent_shape(pipe, 16)
+    sigmas, timesteps = models.sigma_grid(pipe.scheduler, 10, shape)
+
+    def rollout(transformer):
+        gens = S.make_generators([S.member_seed(0, 0, i, 0) for i in range(3)])
+        x_T = S.draw_noise(gens, shape, "cpu")  # (3, C, h, w)
+        return S.rollout(transformer, cond, x_T, gens, sigmas, timesteps, 0, 9, 0.7, "cps", 4.5, complete=True)
+
+    eager = rollout(pipe.transformer)
+    # 6 images per call: the wavefront's calls of 3 x (1 + live) x 2 (CFG) images are whole chunks
+    compiled = rollout(models.CompiledTransformer(pipe.transformer, rows=6))
+    for a, b in [(compiled.completions, eager.completions), (compiled.log_probs, eager.log_probs),
+                 (compiled.states, eager.states)]:
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)  # float32 rounding of other kernels, nothing more
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_compiled_training_run_compiles_one_graph_and_trains_the_same_weights(tmp_path):
+    def run(name, *extra):
+        out = str(tmp_path / name)
+        result = train.main(config.parse_config(FAST + ["--output-dir", out, *extra]))
+        history = [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+                   for line in open(os.path.join(out, "metrics.jsonl"))]
+        return result, history
+
+    # "eager" traces with dynamo (the shapes and the graph count are what inductor would see) without compiling
+    # kernels, so the numbers are the uncompiled ones exactly
+    compiled, h_compiled = run("compiled", "--compile", "true", "--compile-backend", "eager")
+    graphs = counters["stats"]["unique_graphs"]
+    # sampling (8 trajectories x (1 + live branches) x 2 CFG halves), the completions and both evaluations
+    # (8 images x 2) all run in calls of 16 images: one graph for the whole run
+    assert graphs == 1, dict(counters["stats"])
+    plain, h_plain = run("plain")
+    assert h_compiled == h_plain
+    a, b = compiled["policy"].state_dict(), plain["policy"].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
