@@ -30,6 +30,9 @@ in this file.
 
 from __future__ import annotations
 
+import json
+import os
+
 import cv2
 import numpy as np
 import torch
@@ -244,3 +247,17 @@ HELDOUT_EVAL = "heldout_eval.json"
 HELDOUT_SETTINGS = {"eval_prompts": "toy:heldout", "eval_samples": HELDOUT_SIZE, "eval_steps": STEPS,
                     "eval_guidance": 1.0, "rewards": "toy:1", "resolution": RESOLUTION,
                     "max_sequence_length": MAX_SEQUENCE_LENGTH}
+
+
+def shipped_heldout_values(cfg) -> dict[str, torch.Tensor] | None:
+    """The base model's held-out values shipped beside it (cfg.model/HELDOUT_EVAL, written by `python toymodel.py
+    pretrain`), when the run's evaluation settings (a config.Config) are exactly the ones they were computed with;
+    else None. A run from iteration 0 starts from the base model (LoRA's B = 0), so its "before" evaluation IS
+    these values, and train.py recomputes only the first images to check them."""
+    path = os.path.join(cfg.model, HELDOUT_EVAL)
+    if not os.path.isfile(path):
+        return None
+    saved = json.load(open(path))
+    if any(getattr(cfg, k) != v for k, v in saved["settings"].items()):
+        return None
+    return {k: torch.tensor(v) for k, v in saved["per_image"].items()}  # {metric: (M,)}

@@ -184,19 +184,6 @@ def compiled_policy(policy, cfg: Config) -> models.CompiledTransformer:
 # ================================================================================================================
 
 
-def shipped_eval_before(cfg: Config) -> dict[str, torch.Tensor] | None:
-    """The base model's held-out values shipped beside it (toyworld.HELDOUT_EVAL, written by `python toymodel.py
-    pretrain`), when this run's evaluation settings are exactly the ones they were computed with; else None.
-    A run from iteration 0 starts from the base model (LoRA's B = 0), so its "before" evaluation IS these values."""
-    path = os.path.join(cfg.model, toyworld.HELDOUT_EVAL)
-    if not os.path.isfile(path):
-        return None
-    saved = json.load(open(path))
-    if any(getattr(cfg, k) != v for k, v in saved["settings"].items()):
-        return None
-    return {k: torch.tensor(v) for k, v in saved["per_image"].items()}  # {metric: (M,)}
-
-
 def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.Tensor:
     """B prompt indices for this iteration, the same on every process (without replacement when possible)."""
     g = torch.Generator().manual_seed(S.member_seed(seed, iteration, -1, 0))
@@ -519,7 +506,7 @@ def main(cfg: Config) -> dict:
     history_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     summaries = {}  # evaluation summaries by tag ("before", "after")
     if run.progress.iteration == 0:
-        summaries["before"] = evaluate_policy(run, "before", shipped_eval_before(cfg))
+        summaries["before"] = evaluate_policy(run, "before", toyworld.shipped_heldout_values(cfg))
         acc.print("eval before: " + evaluate.format_summary(summaries["before"]))
         if main_proc and os.path.exists(history_path):
             os.remove(history_path)

@@ -365,4 +365,4 @@ def test_shipped_heldout_values_stand_in_for_the_evaluation_before_training(tmp_
     keep = torch.arange(40) != 3
     assert torch.allclose(torch.tensor(before)[keep], shipped[keep], atol=1e-5)
     # other evaluation settings than the shipped ones: no stand-in
-    assert train.shipped_eval_before(config.parse_config(["--task", "tiny", "--model", str(model)])) is None
+    assert toyworld.shipped_heldout_values(config.parse_config(["--task", "tiny", "--model", str(model)])) is None
