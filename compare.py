@@ -1,252 +1,540 @@
-"""Experiments in the toy world (toyworld.py): Flow-GRPO vs TP-GRPO (strict and base rule) vs the incremental-only
-ablation over seeds, and the pictures of turning points the README shows next to the method.
+"""The toy world as a laboratory: the paper's experiments (Sec. 5: the headline comparison, the ablations of the
+noise level and the SDE window) in miniature, each a named set of variants x seeds of `train.py --task tiny`.
 
-  python compare.py run --seeds 0 1 2          # 4 methods x 3 seeds of `train.py --task tiny` (same budget each)
-  python compare.py report                     # docs/compare_curves.png and the markdown table (also printed)
-  python compare.py figures                    # docs/turning_points.png and docs/filmstrip.png
+  python compare.py list                        # the experiments, their variants, seeds and what is finished
+  python compare.py run grid fair headline      # run experiments in order; finished runs are skipped
+  python compare.py run grid --jobs 2           # two runs at a time (one thread each)
+  python compare.py report grid                 # docs/lab/grid.md and docs/lab/grid.png (printed too)
 
-`run` trains each (method, seed) with the tiny preset's defaults, changing nothing but --algo / --tp-rule and
---seed, so no method gets settings of its own (extra flags after `--` go to every run alike). `report` reads
-every finished run: the training reward (5-iteration mean of R_sde) and the held-out score before and after,
-against iterations, transformer evaluations and wall seconds (mean +- SE over seeds), and a table with the
-held-out change (SE over seeds and paired SE over the evaluation images), strict accuracy, turning-point rates,
-and the iterations, evaluations and seconds each method needs to reach Flow-GRPO's final training reward.
+A variant fixes the experiment's axes (the method and lr, ratio clip, noise level a, window W, iterations); every
+other setting is the tiny preset's. The axes' values are written out in full in every run's name, so a run means
+the same thing after the preset changes, and two experiments that need the same run share it. Hyperparameters are
+chosen on the validation split (toyworld.py; the `grid` experiment, seeds 0 and 1), each method's best by its mean
+validation change; every other experiment is reported on the held-out split with fresh seeds (10, 11, 12), so a
+choice never sees the images or the training seeds it is reported on.
 
-Shape legend (figures): G group members, W window steps, R (G, W+1) completion rewards, C/h/w the toy
-model's latent channels/height/width, which are its pixels (it works in pixel space): images (., 3, h, w).
+Each finished run leaves two things: its folder under runs/lab/ (checkpoint, pictures, everything train.py writes)
+and a small gzipped JSON under results/ (its metrics, its evaluations' summaries and per-image scores, the machine
+it ran on), which is committed: a sweep killed at any point, or moved to another machine, picks up where it
+stopped, and `report` needs only results/.
+
+Shape legend: S seeds, I iterations, M evaluation images.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gzip
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 
 import torch
 from matplotlib.figure import Figure
 
-import config
-import models
-import rewards
-import sampler as S
 import toyworld
-import turning_points as tp
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(ROOT, "train.py")
 
-# every method is `train.py --task tiny` plus these flags and nothing else
+# ----------------------------------------------------------------------------------------------------------------
+# 1. Variants and experiments
+# ----------------------------------------------------------------------------------------------------------------
+
 METHODS = {"flow-grpo": ["--algo", "flow-grpo"], "tp-grpo": ["--algo", "tp-grpo", "--tp-rule", "strict"],
            "tp-grpo-base": ["--algo", "tp-grpo", "--tp-rule", "base"], "incremental": ["--algo", "incremental"]}
 COLORS = {"flow-grpo": "tab:gray", "tp-grpo": "tab:red", "tp-grpo-base": "tab:orange", "incremental": "tab:blue"}
-SCORE = "eval/reward"  # the held-out score: the preset's reward on the held-out images
+# The axes and their values in the tiny preset when the laboratory was set up, pinned here (not read from the
+# preset) so that a finished run's name keeps its meaning if the preset changes.
+PRESET = {"lr": 1e-3, "clip_range": 1e-4, "noise_level": 0.7, "window": 5, "iterations": 30, "eval_every": 0}
+FLAGS = {"lr": "--lr", "clip_range": "--clip-range", "noise_level": "--noise-level", "window": "--window",
+         "iterations": "--iterations", "eval_every": "--eval-every"}
+SPLIT_FLAGS = {"heldout": [], "validation": ["--eval-prompts", toyworld.VALIDATION_SETTINGS["eval_prompts"],
+                                             "--eval-seed", str(toyworld.VALIDATION_SETTINGS["eval_seed"])]}
+# The grid of the fair comparison: a window of each ladder, widened one rung at a time while a method's best
+# setting sits at its edge (`grid_axes`).
+LR_LADDER = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+CLIP_LADDER = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+GRID_START = {"lr": (3e-4, 1e-2), "clip_range": (1e-4, 1e-3)}  # (lowest, highest) before widening
+GRID_METHODS = ("flow-grpo", "tp-grpo")
+GRID_SEEDS, REPORT_SEEDS = (0, 1), (10, 11, 12)
 
 
-def run(args) -> None:
-    for method in args.methods:
-        for seed in args.seeds:
-            out = os.path.join(args.out, f"{method}-seed{seed}")
-            if os.path.exists(os.path.join(out, "process_checksums.json")) and not args.force:
-                print(f"skip {out} (done; --force reruns)")
-                continue
-            argv = ["--task", "tiny", *METHODS[method], "--seed", str(seed), "--output-dir", out, "--report-to",
-                    "none", *args.train_args]
-            print("python train.py " + " ".join(argv))
-            # a process per run: every run starts from the same fresh state, as when launched by hand
-            subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], check=True)
+@dataclass(frozen=True)
+class Variant:
+    """One setting of the axes: a method plus lr, ratio clip, noise level a, window W, iterations, evaluations."""
+
+    method: str
+    lr: float = PRESET["lr"]
+    clip_range: float = PRESET["clip_range"]
+    noise_level: float = PRESET["noise_level"]
+    window: int = PRESET["window"]
+    iterations: int = PRESET["iterations"]
+    eval_every: int = PRESET["eval_every"]
+
+    @property
+    def name(self) -> str:
+        """Every axis written out: 'tp-grpo_lr0.003_clip0.0001_a0.7_W5_it30' (+ '_ev20' with evaluations on the
+        way)."""
+        return (f"{self.method}_lr{self.lr:g}_clip{self.clip_range:g}_a{self.noise_level:g}_W{self.window}"
+                f"_it{self.iterations}" + (f"_ev{self.eval_every}" if self.eval_every else ""))
+
+    def flags(self) -> list[str]:
+        """The train.py flags of this variant (the preset gives the rest)."""
+        axes = dataclasses.asdict(self)
+        return [*METHODS[self.method], *[a for k, f in FLAGS.items() for a in (f, f"{axes[k]:g}")]]
 
 
-def _finished(out: str, method: str) -> list[str]:
-    """The run folders of `method` that completed (their final evaluation is written)."""
-    return [os.path.join(out, n) for n in sorted(os.listdir(out))
-            if n.rsplit("-seed", 1)[0] == method and os.path.exists(os.path.join(out, n, "eval_after.json"))]
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    doc: str
+    split: str  # "validation" (choosing) or "heldout" (reporting)
+    seeds: tuple[int, ...]
+    variants: object  # (results folder) -> {label: Variant}; may read finished runs (the grid's choice)
 
 
-def _load(out: str) -> dict[str, list[dict]]:
-    """{method: [{"rows": metrics.jsonl rows, "before": eval_before.json, "after": eval_after.json} per seed]}."""
-    runs = {}
-    for method in METHODS:
-        for folder in _finished(out, method):
-            runs.setdefault(method, []).append(
-                {"rows": [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))],
-                 **{tag: json.load(open(os.path.join(folder, f"eval_{tag}.json"))) for tag in ("before", "after")}})
-    return runs
+def _ladder_window(ladder: tuple, lo: float, hi: float) -> list[float]:
+    return [v for v in ladder if lo <= v <= hi]
 
 
-def _curve(seeds: list[dict], key: str) -> torch.Tensor:
-    n = min(len(r["rows"]) for r in seeds)
-    return torch.tensor([[row.get(key, float("nan")) for row in r["rows"][:n]] for r in seeds])  # (seeds, its)
+def grid_axes(results: str) -> dict[str, list[float]]:
+    """The grid's lr and clip values: GRID_START, widened by one rung of the ladder towards an edge where a
+    method's best setting (on the finished grid) sits, repeatedly, until no best is at a widenable edge. Decided
+    before any result was seen: the same grid for every method, widened for all of them."""
+    bounds = dict(GRID_START)
+    while True:
+        axes = {k: _ladder_window(ladder, *bounds[k]) for k, ladder in (("lr", LR_LADDER), ("clip_range", CLIP_LADDER))}
+        runs = {m: {(lr, c): Variant(m, lr=lr, clip_range=c) for lr in axes["lr"] for c in axes["clip_range"]}
+                for m in GRID_METHODS}
+        if not all(finished(results, "validation", v, GRID_SEEDS) for r in runs.values() for v in r.values()):
+            return axes  # the current grid is not finished: nothing to widen yet
+        widened = dict(bounds)
+        for m in GRID_METHODS:
+            best = max(runs[m], key=lambda key: mean_score(results, "validation", runs[m][key], GRID_SEEDS))
+            for k, value, ladder in (("lr", best[0], LR_LADDER), ("clip_range", best[1], CLIP_LADDER)):
+                i, lo, hi = ladder.index(value), ladder.index(widened[k][0]), ladder.index(widened[k][1])
+                if i == lo and lo > 0:
+                    widened[k] = (ladder[lo - 1], widened[k][1])
+                if i == hi and hi < len(ladder) - 1:
+                    widened[k] = (widened[k][0], ladder[hi + 1])
+        if widened == bounds:
+            return axes
+        bounds = widened
 
 
-def _smooth(x: torch.Tensor, k: int = 5) -> torch.Tensor:
-    """Trailing moving average over iterations (the training reward is noisy): (seeds, iterations)."""
-    c = torch.cumsum(torch.nn.functional.pad(x, (1, 0)), 1)  # (seeds, iterations+1)
-    idx = torch.arange(1, x.shape[1] + 1)
-    lo = (idx - k).clamp(min=0)
-    return (c[:, idx] - c[:, lo]) / (idx - lo)
+def grid_variants(results: str) -> dict[str, Variant]:
+    axes = grid_axes(results)
+    return {Variant(m, lr=lr, clip_range=c).name: Variant(m, lr=lr, clip_range=c)
+            for m in GRID_METHODS for lr in axes["lr"] for c in axes["clip_range"]}
 
+
+def chosen(results: str, method: str) -> Variant:
+    """The method's setting chosen on validation: the grid's best mean validation score over GRID_SEEDS.
+    Flow-GRPO takes its own best; TP-GRPO, its base rule and the incremental ablation take TP-GRPO's (the paper's
+    ablations share the method's settings)."""
+    tuned = "flow-grpo" if method == "flow-grpo" else "tp-grpo"
+    grid = [v for v in grid_variants(results).values() if v.method == tuned]
+    missing = [v.name for v in grid if not finished(results, "validation", v, GRID_SEEDS)]
+    if missing:
+        raise SystemExit(f"error: the grid is not finished ({len(missing)} of {len(grid)} {tuned} settings missing, "
+                         f"e.g. {missing[0]}); run `python compare.py run grid` first")
+    best = max(grid, key=lambda v: mean_score(results, "validation", v, GRID_SEEDS))
+    return dataclasses.replace(best, method=method)
+
+
+def _at_choice(methods, **axes):
+    """Variants of `methods` at their chosen settings with some axes changed: (results) -> {label: Variant}."""
+    return lambda results: {m: dataclasses.replace(chosen(results, m), **axes) for m in methods}
+
+
+ALL = tuple(METHODS)
+EXPERIMENTS = {e.name: e for e in [
+    Experiment("methods", "the four methods at the tiny preset's settings (TP-GRPO's), seeds 0-2: the quick "
+               "comparison", "heldout", (0, 1, 2), lambda results: {m: Variant(m) for m in ALL}),
+    Experiment("grid", "Flow-GRPO and TP-GRPO over lr x ratio clip on the validation split, seeds 0 and 1: each "
+               "method's setting is chosen here", "validation", GRID_SEEDS, grid_variants),
+    Experiment("fair", "every method at its chosen setting and at the preset's, held-out, fresh seeds", "heldout",
+               REPORT_SEEDS, lambda results: {**_at_choice(ALL)(results),
+                                              **{f"{m} @preset": Variant(m) for m in ALL}}),
+    Experiment("headline", "100 iterations at the chosen settings with a held-out evaluation every 20: the paper's "
+               "sample-efficiency claim", "heldout", REPORT_SEEDS,
+               _at_choice(("flow-grpo", "tp-grpo", "incremental"), iterations=100, eval_every=20)),
+    Experiment("noise", "the noise level a in {0.4, 0.7, 1.0} at the chosen settings (the paper's Table of a)",
+               "heldout", REPORT_SEEDS, lambda results: {f"{m} a={a:g}": v for a in (0.4, 0.7, 1.0) for m, v in
+                                                         _at_choice(ALL, noise_level=a)(results).items()}),
+    Experiment("window", "the SDE window: all 5 trained steps of T = 6 against the first 3", "heldout", REPORT_SEEDS,
+               lambda results: {f"{m} W={w}": v for w in (5, 3) for m, v in
+                                _at_choice(("flow-grpo", "tp-grpo", "incremental"), window=w)(results).items()}),
+]}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. Runs and their results
+# ----------------------------------------------------------------------------------------------------------------
+
+def result_path(results: str, split: str, variant: Variant, seed: int) -> str:
+    return os.path.join(results, split, variant.name, f"seed{seed}.json.gz")
+
+
+def finished(results: str, split: str, variant: Variant, seeds) -> bool:
+    return all(os.path.exists(result_path(results, split, variant, s)) for s in seeds)
+
+
+def load_result(results: str, split: str, variant: Variant, seed: int) -> dict:
+    with gzip.open(result_path(results, split, variant, seed), "rt") as f:
+        return json.load(f)
+
+
+def mean_score(results: str, split: str, variant: Variant, seeds) -> float:
+    """The evaluation score after training (eval/reward), mean over seeds: what the grid chooses by."""
+    return sum(load_result(results, split, variant, s)["evals"]["after"]["eval/reward"] for s in seeds) / len(seeds)
+
+
+def machine() -> dict:
+    """Where a run ran: results differ in the last digits between CPUs (float rounding), so each result says."""
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS", ""),
+            "torch": torch.__version__, "commit": commit.stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def harvest(folder: str, out_path: str, argv: list[str], jobs: int) -> None:
+    """A finished run folder -> its small result: metrics rows, every evaluation's summary with the per-image
+    score and strict accuracy (the paired standard errors need them), the command and the machine."""
+    rows = [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))]
+    evals = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("eval_") and name.endswith(".json"):
+            e = json.load(open(os.path.join(folder, name)))
+            per_image = {k: v for k, v in e.pop("per_image").items() if k in ("reward", "toy_strict")}
+            evals[name[5:-5]] = {**e, "per_image": per_image}
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    tmp = out_path + ".part"
+    with gzip.open(tmp, "wt") as f:
+        json.dump({"argv": argv, "machine": dict(machine(), concurrent_runs=jobs), "rows": rows, "evals": evals}, f)
+    os.replace(tmp, out_path)  # a result exists only whole
+
+
+def run(names: list[str], results: str, runs: str, jobs: int = 1) -> None:
+    """Run every unfinished (variant, seed) of the experiments in order, `jobs` processes at a time. The list of
+    runs is recomputed after each wave: the grid widens itself, and later experiments read its choice."""
+    for name in names:
+        exp = EXPERIMENTS[name]
+        while True:
+            # seed-major: a whole first seed of every variant before the next seed (a sweep cut short still covers
+            # every variant)
+            todo = [(v, s) for s in exp.seeds for v in dict.fromkeys(exp.variants(results).values())
+                    if not finished(results, exp.split, v, [s])]
+            if not todo:
+                print(f"{name}: every run finished")
+                break
+            print(f"{name}: {len(todo)} runs to go")
+            _run_wave(todo, exp.split, results, runs, jobs)
+
+
+def _run_wave(todo: list, split: str, results: str, runs: str, jobs: int) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1") if jobs == 1 else "1")
+    active = []
+    try:
+        _launch(todo, split, results, runs, jobs, env, active)
+    except BaseException:  # a failed run or Ctrl-C: stop the others too (their folders are redone next time)
+        for proc, *_ in active:
+            proc.kill()
+        raise
+
+
+def _launch(todo: list, split: str, results: str, runs: str, jobs: int, env: dict, active: list) -> None:
+    for i, (variant, seed) in enumerate(todo):
+        folder = os.path.join(runs, split, variant.name, f"seed{seed}")
+        argv = ["--task", "tiny", *variant.flags(), *SPLIT_FLAGS[split], "--seed", str(seed), "--output-dir", folder,
+                "--report-to", "none"]
+        print(f"[{i + 1}/{len(todo)}] python train.py " + " ".join(argv), flush=True)
+        # a process per run: every run starts from the same fresh state, as when launched by hand
+        log = open(os.path.join(_mkdir(folder), "train.log"), "w")
+        proc = subprocess.Popen([sys.executable, TRAIN, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+        active.append((proc, folder, result_path(results, split, variant, seed), argv, log))
+        while len(active) >= jobs or (i == len(todo) - 1 and active):
+            active[:] = _reap(active, jobs)
+
+
+def _reap(active: list, jobs: int) -> list:
+    time.sleep(0.2)
+    still = []
+    for proc, folder, out, argv, log in active:
+        if proc.poll() is None:
+            still.append((proc, folder, out, argv, log))
+            continue
+        log.close()
+        if proc.returncode:
+            raise SystemExit(f"error: train.py failed ({proc.returncode}) in {folder}; see {folder}/train.log")
+        harvest(folder, out, argv, jobs)
+        print(f"  done: {out}", flush=True)
+    return still
+
+
+def _mkdir(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. Reports: a table and curves for any experiment, the grid's matrix, the headline's cost to reach a score
+# ----------------------------------------------------------------------------------------------------------------
 
 def _se(x: torch.Tensor) -> torch.Tensor:
     """Standard error over seeds (dim 0); 0 for a single seed."""
     return x.std(0) / math.sqrt(x.shape[0]) if x.shape[0] > 1 else torch.zeros_like(x[0])
 
 
+def _smooth(x: torch.Tensor, k: int = 5) -> torch.Tensor:
+    """Trailing moving average over iterations (the training reward is noisy): (S, I) -> (S, I)."""
+    c = torch.cumsum(torch.nn.functional.pad(x, (1, 0)), 1)  # (S, I+1)
+    idx = torch.arange(1, x.shape[1] + 1)
+    lo = (idx - k).clamp(min=0)
+    return (c[:, idx] - c[:, lo]) / (idx - lo)
+
+
+def _curve(seeds: list[dict], key: str) -> torch.Tensor:
+    n = min(len(r["rows"]) for r in seeds)
+    return torch.tensor([[row.get(key, float("nan")) for row in r["rows"][:n]] for r in seeds])  # (S, I)
+
+
 def _costs(seeds: list[dict]) -> dict[str, torch.Tensor]:
-    """Cumulative cost after each iteration, mean over seeds: {"iteration", "evaluations", "seconds"} (its,)."""
-    seconds = sum(_curve(seeds, f"time/{k}_s") for k in ("sample", "reward", "train"))  # (seeds, its)
-    its = _curve(seeds, "iteration")[0]
-    return {"iteration": its, "evaluations": torch.cumsum(_curve(seeds, "cost/transformer_evals")[0], 0),
-            "seconds": torch.cumsum(seconds, 1).mean(0)}
+    """Cumulative cost after iterations 0..I (0 = before training), mean over seeds: {"iteration", "evaluations",
+    "seconds"} each (I+1,). Seconds are sampling + rewards + training (evaluations left out)."""
+    seconds = sum(_curve(seeds, f"time/{k}_s") for k in ("sample", "reward", "train"))  # (S, I)
+    pad = lambda x: torch.cat([torch.zeros(1), x])  # noqa: E731
+    return {"iteration": pad(_curve(seeds, "iteration")[0]),
+            "evaluations": pad(torch.cumsum(_curve(seeds, "cost/transformer_evals")[0], 0)),
+            "seconds": pad(torch.cumsum(seconds, 1).mean(0))}
 
 
-def report(args) -> str:
-    runs = _load(args.out)
-    if "flow-grpo" not in runs:
-        raise SystemExit(f"error: no finished flow-grpo runs under {args.out}; run `python compare.py run` first")
-    os.makedirs(args.docs, exist_ok=True)
+def _evals(seeds: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every evaluation point of the runs (before, on the way, after): iterations (E,) and scores (S, E)."""
+    def at(tag, r):
+        return 0 if tag == "before" else r["evals"][tag]["iteration"]
+    tags = sorted(seeds[0]["evals"], key=lambda t: at(t, seeds[0]))
+    its = torch.tensor([at(t, seeds[0]) for t in tags])  # (E,)
+    return its, torch.tensor([[r["evals"][t]["eval/reward"] for t in tags] for r in seeds])  # (S, E)
+
+
+def load_experiment(results: str, exp: Experiment) -> dict[str, tuple[Variant, list[dict]]]:
+    """{label: (variant, [result per finished seed])} of the variants with at least one finished seed."""
+    out = {}
+    for label, v in exp.variants(results).items():
+        done = [load_result(results, exp.split, v, s) for s in exp.seeds if finished(results, exp.split, v, [s])]
+        if done:
+            out[label] = (v, done)
+    return out
+
+
+def change_stats(seeds: list[dict]) -> dict[str, float]:
+    """The score change after - before: its mean and SE over seeds, and its paired SE over images (the seed-averaged
+    change of every image: what another draw of evaluation images could move it)."""
+    before = torch.tensor([r["evals"]["before"]["per_image"]["reward"] for r in seeds])  # (S, M)
+    after = torch.tensor([r["evals"]["after"]["per_image"]["reward"] for r in seeds])  # (S, M)
+    change = (after - before).mean(1)  # (S,)
+    d = (after - before).mean(0)  # (M,)
+    return {"before": before.mean().item(), "after": after.mean().item(), "after_se": _se(after.mean(1)[:, None])[0],
+            "change": change.mean().item(), "change_se": float(_se(change[:, None])[0]),
+            "image_se": (d.std() / math.sqrt(d.numel())).item()}
+
+
+def table(runs: dict) -> str:
+    """One row per variant: its axes, seeds, score before / after / change with both SEs, strict accuracy,
+    turning-point rates, transformer evaluations per trajectory and seconds per run."""
+    lines = ["| variant | lr | clip | a | W | iterations | seeds | before | after | change +- SE over seeds | paired SE "
+             "over images | change / SE | strict after | turning points (strict / base / kept) | evaluations per "
+             "trajectory | seconds per run |", "|" + "---|" * 16]
+    for label, (v, seeds) in runs.items():
+        c = change_stats(seeds)
+        strict = torch.tensor([r["evals"]["after"]["eval/toy_strict"] for r in seeds])  # (S,)
+        rates = [_curve(seeds, f"steps/{k}").nanmean().item() for k in ("tp_rate_strict", "tp_rate_base", "tp_kept")]
+        tps = "-" if v.method == "flow-grpo" else " / ".join(f"{100 * r:.1f}%" for r in rates)
+        per_traj = _curve(seeds, "cost/evals_per_trajectory").mean().item()
+        run_s = torch.tensor([r["rows"][-1]["time/elapsed_s"] for r in seeds]).mean().item()
+        lines.append(f"| {label} | {v.lr:g} | {v.clip_range:g} | {v.noise_level:g} | {v.window} | {v.iterations} | "
+                     f"{len(seeds)} | {c['before']:.3f} | {c['after']:.3f} +- {c['after_se']:.3f} | "
+                     f"{c['change']:+.3f} +- {c['change_se']:.3f} | {c['image_se']:.3f} | "
+                     f"{c['change'] / max(c['change_se'], c['image_se'], 1e-12):+.1f} | {strict.mean():.3f} | {tps} | "
+                     f"{per_traj:.0f} | {run_s:.0f} |")
+    return "\n".join(lines)
+
+
+def grid_table(results: str, runs: dict) -> str:
+    """Per method, validation change +- SE over seeds at every (lr, clip); the chosen setting in bold."""
+    lines = []
+    for m in GRID_METHODS:
+        mine = {(v.lr, v.clip_range): seeds for v, seeds in runs.values() if v.method == m}
+        if not mine:
+            continue
+        lrs, clips = sorted({k[0] for k in mine}), sorted({k[1] for k in mine})
+        best = max(mine, key=lambda k: change_stats(mine[k])["change"] if len(mine[k]) == len(GRID_SEEDS) else -1)
+        lines += [f"**{m}** (validation change +- SE over seeds; rows lr, columns ratio clip)", "",
+                  "| lr | " + " | ".join(f"clip {c:g}" for c in clips) + " |", "|---|" + "---|" * len(clips)]
+        for lr in lrs:
+            cells = []
+            for c in clips:
+                if (lr, c) not in mine:
+                    cells.append("-")
+                    continue
+                st = change_stats(mine[(lr, c)])
+                cell = f"{st['change']:+.3f} +- {st['change_se']:.3f}" + (
+                    "" if len(mine[(lr, c)]) == len(GRID_SEEDS) else f" ({len(mine[(lr, c)])} seed)")
+                cells.append(f"**{cell}**" if (lr, c) == best else cell)
+            lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def reach_table(runs: dict, samples: int = 1000) -> str:
+    """What each method spends to reach Flow-GRPO's best score: the first evaluation point (held-out, mean over
+    seeds) and the first iteration (5-iteration mean of the training reward, mean over seeds) at or above
+    Flow-GRPO's best, in iterations, transformer evaluations and seconds. The uncertainty comes from resampling
+    the seeds of both methods with replacement (`samples` times, a fixed generator): the 10th-90th percentile of
+    the iterations to reach, and how often it is not reached at all."""
+    flow = next((seeds for v, seeds in runs.values() if v.method == "flow-grpo"), None)
+    if flow is None:
+        return ""
+    g = torch.Generator().manual_seed(0)
+
+    def first_reach(curve: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # (K, X), (K,) -> (K,) or -1
+        hit = curve >= target[:, None]  # (K, X)
+        return torch.where(hit.any(1), hit.float().argmax(1), torch.tensor(-1))
+
+    lines = ["| method | held-out: Flow-GRPO's best | reached at iteration (10-90%, not reached) | evaluations | "
+             "seconds | training reward: Flow-GRPO's best | reached at iteration (10-90%, not reached) | "
+             "evaluations | seconds |", "|" + "---|" * 9]
+    for label, (v, seeds) in runs.items():
+        cells = [label]
+        cost = _costs(seeds)
+        for kind in ("eval", "train"):
+            if kind == "eval":
+                its, mine, theirs = _evals(seeds)[0], _evals(seeds)[1], _evals(flow)[1]  # (E,), (S, E), (S', E')
+            else:
+                mine, theirs = _smooth(_curve(seeds, "reward/mean")), _smooth(_curve(flow, "reward/mean"))  # (S, I)
+                its = torch.arange(1, mine.shape[1] + 1)
+            target = theirs.mean(0).max()
+            at = int(first_reach(mine.mean(0)[None], target[None])[0])
+            pick = lambda n: torch.randint(n, (samples, n), generator=g)  # noqa: E731
+            boot_target = theirs[pick(theirs.shape[0])].mean(1).max(1).values  # (samples,)
+            boot = first_reach(mine[pick(mine.shape[0])].mean(1), boot_target)  # (samples,)
+            reached = boot[boot >= 0].float()
+            spread = (f"{int(its[int(reached.quantile(0.1))])}-{int(its[int(reached.quantile(0.9))])}"
+                      if reached.numel() else "-")
+            miss = f"{100 * (boot < 0).float().mean():.0f}%"
+            if at < 0:
+                cells += [f"{target:.3f}", f"not reached ({spread}, {miss})", "-", "-"]
+            else:
+                it = int(its[at])
+                cells += [f"{target:.3f}", f"{it} ({spread}, {miss})", f"{int(cost['evaluations'][it]):,}",
+                          f"{float(cost['seconds'][it]):.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figure(runs: dict, path: str, title: str) -> None:
+    """Training reward (5-iteration mean) and the evaluations (before, on the way, after), each +- SE over seeds,
+    against iterations, transformer evaluations and wall seconds."""
     fig = Figure(figsize=(14, 3.8), dpi=110)
     axes = fig.subplots(1, 3, sharey=True)
+    styles = ["-", "--", ":", "-."]
     for ax, (xkey, xlabel) in zip(axes, [("iteration", "iteration"), ("evaluations", "transformer evaluations"),
-                                         ("seconds", "wall seconds (sampling + rewards + training)")]):
-        for method, seeds in runs.items():
-            y = _smooth(_curve(seeds, "reward/mean"))  # (seeds, its)
-            x = _costs(seeds)[xkey]  # (its,)
+                                         ("seconds", "seconds (sampling + rewards + training)")]):
+        seen = {}  # variants of each method drawn so far: the next one takes the next line style
+        for label, (v, seeds) in runs.items():
+            color, style = COLORS[v.method], styles[seen.get(v.method, 0) % len(styles)]
+            seen[v.method] = seen.get(v.method, 0) + 1
+            x = _costs(seeds)[xkey]  # (I+1,)
+            y = _smooth(_curve(seeds, "reward/mean"))  # (S, I)
             m, se = y.mean(0), _se(y)
-            ax.plot(x, m, color=COLORS[method], label=f"{method} training reward ({y.shape[0]} seeds)")
-            ax.fill_between(x, m - se, m + se, color=COLORS[method], alpha=0.2)
-            # held-out score before (cost 0) and after (the whole run's cost), +- SE over seeds
-            held = torch.tensor([[r["before"][SCORE], r["after"][SCORE]] for r in seeds])  # (seeds, 2)
-            ax.errorbar([0, x[-1]], held.mean(0), yerr=_se(held), fmt="o--", color=COLORS[method], capsize=3,
-                        ms=5, lw=1)
+            ax.plot(x[1:], m, style, color=color, lw=1, alpha=0.8, label=f"{label} ({len(seeds)} seeds)")
+            ax.fill_between(x[1:], m - se, m + se, color=color, alpha=0.15)
+            its, scores = _evals(seeds)  # (E,), (S, E)
+            ax.errorbar(x[its], scores.mean(0), yerr=_se(scores), fmt="o" + style, color=color, capsize=3, ms=4,
+                        lw=1.5)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("toy score")
-    fig.suptitle("lines: training reward (5-iteration mean, +- SE over seeds); dots: held-out score before and after "
-                 "(+- SE over seeds)", fontsize=9)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=6)
+    fig.suptitle(f"{title}\nthin lines: training reward (5-iteration mean); dots: evaluation score; +- SE over seeds",
+                 fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.docs, "compare_curves.png"))
-
-    target = _smooth(_curve(runs["flow-grpo"], "reward/mean"))[:, -1].mean().item()
-    lines = [f"| method | seeds | held-out before | held-out after | change +- SE over seeds | paired SE over images "
-             f"| change / SE | strict accuracy after | turning points (strict / base / kept) | to reach {target:.3f}: "
-             f"iterations / evaluations / seconds | seconds per run | training reward, first -> last 5 iterations |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for method, seeds in runs.items():
-        before = seeds[0]["before"]  # every seed starts from the same checkpoint and evaluation noise
-        after = torch.tensor([r["after"][SCORE] for r in seeds])  # (seeds,)
-        change = after - torch.tensor([r["before"][SCORE] for r in seeds])  # (seeds,)
-        c_se = _se(change[:, None])[0].item()
-        # Paired over images: all runs score the same images, so the seed-averaged change is also known image by
-        # image; its SE over the M images says how far another draw of evaluation images could move it (the SE
-        # over seeds only sees training randomness).
-        name = SCORE.removeprefix("eval/")
-        per_image = torch.tensor([r["after"]["per_image"][name] for r in seeds]) - \
-            torch.tensor(before["per_image"][name])  # (seeds, M)
-        d = per_image.mean(0)  # (M,)
-        i_se = (d.std() / math.sqrt(d.numel())).item()
-        strict = torch.tensor([r["after"]["eval/toy_strict"] for r in seeds])  # (seeds,)
-        rates = [_curve(seeds, f"steps/{k}").nanmean().item() for k in ("tp_rate_strict", "tp_rate_base", "tp_kept")]
-        tps = "-" if method == "flow-grpo" else " / ".join(f"{100 * r:.1f}%" for r in rates)
-        y = _smooth(_curve(seeds, "reward/mean")).mean(0)  # (its,)
-        cost = _costs(seeds)
-        reached = (y >= target).nonzero()
-        hit = "not reached" if not len(reached) else " / ".join(
-            [f"{int(cost['iteration'][reached[0]])}", f"{int(cost['evaluations'][reached[0]]):,}",
-             f"{float(cost['seconds'][reached[0]]):.0f}"])
-        # the whole run's wall time, evaluations included (train.py's time/elapsed_s at its last iteration)
-        run_s = torch.tensor([r["rows"][-1].get("time/elapsed_s", float("nan")) for r in seeds])  # (seeds,)
-        lines.append(f"| {method} | {len(seeds)} | {before[SCORE]:.3f} +- {before[SCORE + '_se']:.3f} | "
-                     f"{after.mean():.3f} +- {_se(after[:, None])[0]:.3f} | {change.mean():+.3f} +- {c_se:.3f} | "
-                     f"{i_se:.3f} | {change.mean().item() / max(i_se, c_se, 1e-12):+.1f} | "
-                     f"{strict.mean():.3f} +- {_se(strict[:, None])[0]:.3f} | {tps} | {hit} | {run_s.mean():.0f} | "
-                     f"{y[min(4, len(y) - 1)]:.3f} -> {y[-1]:.3f} |")
-    table = "\n".join(lines)
-    with open(os.path.join(args.docs, "compare_table.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
-    return table
+    fig.savefig(path)
 
 
-def figures(args) -> None:
-    """One prompt group of the shipped toy model: R_k along each trajectory with the kept turning points and their
-    r_agg, and the filmstrip of one trajectory's ODE completions with their rewards."""
-    cfg = config.Config(**dict(config.PRESETS["tiny"], task="tiny"))
-    pipe = models.load_pipeline(cfg.model)
-    reward_fn = rewards.load_rewards({"toy": 1.0})
-    prompt, G, W = args.prompt, args.group, cfg.window
-    meta = toyworld.parse_caption(prompt)
-    cond = models.encode_prompts(pipe, [prompt], cfg.guidance, cfg.max_sequence_length).repeat(G)
-    gens = S.make_generators([S.member_seed(args.seed, 0, 0, m) for m in range(G)])
-    x_T = S.draw_noise(gens, models.latent_shape(pipe, cfg.resolution), "cpu")  # (G, C, h, w)
-    sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps)
-    ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, W, cfg.noise_level, cfg.sampler,
-                   cfg.guidance, complete=True)
-    images = models.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, h, w)
-    R = reward_fn(images, [prompt] * len(images), [meta] * len(images))[0].reshape(G, W + 1)  # (G, W+1)
-    group = torch.zeros(G, dtype=torch.long)
-    step_r, kept, detected = tp.step_rewards(R, group, "tp-grpo", args.rule)  # (G, W) x 3
-    r_agg = tp.aggregated_rewards(R)  # (G, W)
-    print(tp.render_group(R, step_r, kept, detected))
-
-    os.makedirs(args.docs, exist_ok=True)
-    fig = Figure(figsize=(6.5, 3.6), dpi=120)
-    ax = fig.subplots()
-    for g in range(G):
-        y = R[g]  # (W+1,)
-        ax.plot(range(W + 1), y, "-", color="tab:gray", alpha=0.6, lw=1)
-        for k in kept[g].nonzero().flatten().tolist():  # step k+1 takes s_k to s_{k+1}
-            ax.plot([k, k + 1], [y[k], y[k + 1]], "-", color="tab:red", lw=2.5)
-            # labels staggered by trajectory: several can end at the same point
-            ax.annotate(f"r_agg={r_agg[g, k]:+.2f}", (k + 1, float(y[k + 1])), fontsize=7, color="tab:red",
-                        xytext=(3, 4 - 9 * (g % 3)), textcoords="offset points")
-    ax.set_xlabel("window state k  (R_0 = pure-ODE image of x_T, R_W = R_sde)")
-    ax.set_ylabel("R_k = reward(ODE-complete(s_k))")
-    ax.set_title(f'"{prompt}": {G} trajectories, kept turning points ({args.rule} rule) in red', fontsize=9)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.docs, "turning_points.png"))
-
-    with_tp = kept.any(1).nonzero().flatten().tolist()
-    g = with_tp[0] if with_tp else 0
-    fig = Figure(figsize=(1.1 * (W + 1), 1.6), dpi=120)
-    axes = fig.subplots(1, W + 1)
-    strip = images.reshape(G, W + 1, *images.shape[1:])[g]  # (W+1, 3, h, w)
-    for k, ax in enumerate(axes):
-        ax.imshow(strip[k].permute(1, 2, 0).numpy(), interpolation="nearest")
-        mark = " *" if k > 0 and kept[g, k - 1] else ""
-        ax.set_title(f"R_{k}={R[g, k]:.2f}{mark}", fontsize=7, color="tab:red" if mark else "black")
-        ax.axis("off")
-    fig.suptitle(f'trajectory {g}: ODE completion of every window state ("{prompt}"; * = turning point)',
-                 fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.docs, "filmstrip.png"))
-    print(f"wrote {args.docs}/turning_points.png and {args.docs}/filmstrip.png")
+def report(names: list[str], results: str, docs: str) -> str:
+    """docs/<experiment>.md (tables) and docs/<experiment>.png (curves) for each experiment; returns the text."""
+    os.makedirs(docs, exist_ok=True)
+    texts = []
+    for name in names:
+        exp = EXPERIMENTS[name]
+        runs = load_experiment(results, exp)
+        if not runs:
+            raise SystemExit(f"error: no finished runs of '{name}' under {results}; run `python compare.py run {name}`")
+        parts = [f"### {name}: {exp.doc}", "", f"Split: {exp.split}; seeds {', '.join(map(str, exp.seeds))}.", ""]
+        if name == "grid":
+            parts += [grid_table(results, runs), ""]
+        parts += [table(runs), ""]
+        if name == "headline":
+            parts += [reach_table(runs), ""]
+        machines = {f"{r['machine']['cpu']}, {r['machine']['cores']} cores" for _, seeds in runs.values()
+                    for r in seeds}
+        parts.append(f"Machine: {'; '.join(sorted(machines))}.")
+        text = "\n".join(parts)
+        with open(os.path.join(docs, f"{name}.md"), "w") as f:
+            f.write(text + "\n")
+        figure(runs, os.path.join(docs, f"{name}.png"), f"{name}: {exp.doc}")
+        texts.append(text)
+    print("\n\n".join(texts))
+    return "\n\n".join(texts)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="train every (method, seed) of the tiny task")
-    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    r.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    r.add_argument("--force", action="store_true", help="rerun finished runs")
-    r.add_argument("train_args", nargs="*", help="extra train.py flags for EVERY run (after --)")
-    for s in sub.choices.values():
-        s.add_argument("--out", default="runs/compare", help="folder of the runs")
-    rep = sub.add_parser("report", help="curves and table from the runs")
-    rep.add_argument("--out", default="runs/compare")
-    fg = sub.add_parser("figures", help="turning-point pictures of one prompt group")
-    fg.add_argument("--prompt", default="four blue squares")
-    fg.add_argument("--group", type=int, default=8)
-    fg.add_argument("--seed", type=int, default=1)
-    fg.add_argument("--rule", default="strict", choices=["strict", "base"], help="turning-point rule")
-    for s in (rep, fg):
-        s.add_argument("--docs", default="docs", help="where the PNGs and the table go")
+    for cmd, text in (("list", "the experiments and what is finished"), ("run", "run experiments (in order)"),
+                      ("report", "tables and curves of experiments")):
+        s = sub.add_parser(cmd, help=text)
+        s.add_argument("experiments", nargs="*" if cmd != "run" else "+",
+                       help=f"{' | '.join(EXPERIMENTS)}" + (" (default: all)" if cmd != "run" else ""))
+        s.add_argument("--results", default=os.path.join(ROOT, "results"), help="finished runs' small results")
+        if cmd == "run":
+            s.add_argument("--runs", default="runs/lab", help="the run folders")
+            s.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one thread when > 1)")
+        if cmd == "report":
+            s.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"), help="where tables and PNGs go")
     args = p.parse_args()
-    {"run": run, "report": report, "figures": figures}[args.command](args)
+    names = args.experiments or list(EXPERIMENTS)
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        p.error(f"unknown experiment '{unknown[0]}'; choose from {', '.join(EXPERIMENTS)}")
+    if args.command == "run":
+        run(names, args.results, args.runs, args.jobs)
+    elif args.command == "report":
+        report(names, args.results, args.docs)
+    else:
+        for name in names:
+            exp = EXPERIMENTS[name]
+            try:
+                variants = exp.variants(args.results)
+            except SystemExit as e:
+                print(f"{name} ({exp.split}): waits for the grid ({e})")
+                continue
+            print(f"{name} ({exp.split}, seeds {list(exp.seeds)}): {exp.doc}")
+            for label, v in variants.items():
+                done = sum(finished(args.results, exp.split, v, [s]) for s in exp.seeds)
+                print(f"  {label:<22} {v.name:<48} {done}/{len(exp.seeds)} finished")
 
 
 if __name__ == "__main__":

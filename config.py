@@ -98,6 +98,8 @@ class Config:
     iterations: int = _f(2000, "training iterations")
     eval_every: int = _f(50, "evaluate every this many iterations (0 = only before and after)")
     eval_samples: int = _f(64, "evaluation images (prompts cycled, seeds fixed)")
+    eval_seed: int = _f(2_000_003, "evaluation noise: image i starts from the noise seeded (eval_seed, i), the "
+                                   "same for every checkpoint (the toy world's validation split has its own)")
     save_every: int = _f(50, "checkpoint every this many iterations (0 = only at the end)")
     seed: int = _f(0, "seed of prompts, noise and shuffling: (seed, iteration, prompt, member)")
     # where things go
@@ -106,6 +108,7 @@ class Config:
     report_to: str = _f("tensorboard", "tensorboard | wandb | none")
 
 
+EVAL_SEED = Config.eval_seed  # every task's evaluation noise, never a training trajectory's seed
 # the shipped toy checkpoint, found from any working directory (outputs still go under the working directory)
 TOY_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "toy_model")
 SD35M = dict(model=models.SD35_MEDIUM, resolution=512, steps=10, eval_steps=40, guidance=4.5, eval_guidance=4.5)
@@ -193,6 +196,9 @@ def check_config(cfg: Config) -> str:
         return f"unknown --sampler '{cfg.sampler}'; choose one of {', '.join(S.SAMPLERS)}"
     if not 1 <= cfg.window <= cfg.steps or cfg.window_start + cfg.window > cfg.steps:
         return f"the SDE window (w0={cfg.window_start}, W={cfg.window}) must fit in T={cfg.steps} steps"
+    for _, settings in toyworld.SHIPPED_EVALS.values():  # each toy split is evaluated on its own noise
+        if cfg.eval_prompts == settings["eval_prompts"] and cfg.eval_seed != settings["eval_seed"]:
+            return f"--eval-prompts {cfg.eval_prompts} needs --eval-seed {settings['eval_seed']} (its own noise)"
     return ""
 
 
@@ -206,13 +212,14 @@ def parse_weights(spec: str) -> dict[str, float]:
 
 
 def load_prompt_set(spec: str):
-    """(prompts, metadata) from a file, or from the toy world's caption grammar ('toy:train' / 'toy:heldout')."""
+    """(prompts, metadata) from a file, or from the toy world's caption grammar ('toy:train' / 'toy:heldout' /
+    'toy:validation')."""
     if spec.startswith("toy:"):
         split = spec.split(":", 1)[1]
         if split == "train":  # every (count, colour, shape) caption; new noise every iteration
             metas = toyworld.all_metadata()
             return [toyworld.caption(m) for m in metas], metas
-        prompts, metas, _ = toyworld.dataset(split, 0, toyworld.HELDOUT_SIZE)  # the held-out evaluation set
+        prompts, metas, _ = toyworld.dataset(split, 0, toyworld.HELDOUT_SIZE)  # a held-out or validation set
         return prompts, metas
     return load_prompts(spec)
 

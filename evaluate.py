@@ -3,7 +3,7 @@ for a base model plus a
 LoRA (or its EMA) written by train.py.
 
 Sampling is the plain Euler ODE with the preset's evaluation steps and CFG (SD3.5-M: 40 steps, w = 4.5); every
-image has a fixed seed (EVAL_SEED, image index), so two checkpoints are compared on the same noise. Metrics are the
+image has a fixed seed (config.EVAL_SEED, image index), so two checkpoints are compared on the same noise. Metrics are the
 reward models of the task in evaluation form: raw PickScore (the paper's ~24), OCR accuracy, GenEval's strict
 correctness per tag and overall score, the toy world's graded score and strict accuracy, plus any extra reward given.
 
@@ -38,14 +38,13 @@ import models
 import rewards
 import sampler as S
 
-EVAL_SEED = 2_000_003  # evaluation noise never coincides with a training seed's trajectories
 GRID_IMAGES = 32  # evaluation images shown in the grid picture (grid.png, train.py's samples_<tag>.png)
 
 
 def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, samples: int, steps: int,
                      guidance: float, resolution: int, max_sequence_length: int, batch: int, accelerator=None,
-                     transformer=None):
-    """Generate `samples` images (prompt i mod len, seed (EVAL_SEED, i)) split over processes, score them
+                     transformer=None, seed: int = config.EVAL_SEED):
+    """Generate `samples` images (prompt i mod len, noise seed (seed, i)) split over processes, score them
     (`transformer`: called instead of pipe.transformer, e.g. its compiled form).
 
     Returns {"summary": {metric: mean, metric_std, metric_se}, "values": {metric: (M,)}, "images": this
@@ -57,7 +56,7 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     mine = [min(rank + P * q, samples - 1) for q in range(per_proc)]  # the last index pads uneven splits
     prm = [prompts[i % len(prompts)] for i in mine]
     meta = [metadata[i % len(prompts)] for i in mine]
-    seeds = [S.member_seed(EVAL_SEED, 0, i, 0) for i in mine]
+    seeds = [S.member_seed(seed, 0, i, 0) for i in mine]
     images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch,
                         transformer)  # (m, 3, H, W)
     values = {}
@@ -251,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
     except (models.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     result = sample_and_score(pipe, prompts, metadata, reward_fn, samples, steps, guidance, cfg.resolution,
-                              cfg.max_sequence_length, args.batch, accelerator)
+                              cfg.max_sequence_length, args.batch, accelerator, seed=cfg.eval_seed)
     summary = result["summary"]
     if accelerator.is_main_process:
         os.makedirs(out, exist_ok=True)

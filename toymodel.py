@@ -12,6 +12,7 @@ Run:
   python toymodel.py pretrain --out toy_model      # the shipped checkpoint from scratch, bit for bit (~35 min)
   python toymodel.py evaluate --model toy_model    # held-out score +- SE on 1024 images, strict, colour, count
   python toymodel.py evaluate --model toy_model --grid samples.png     # also save a picture of the samples
+  python toymodel.py evaluate --model toy_model --split validation --write   # (re)write the shipped validation values
   python -m pytest tests/test_toyworld.py
 
 The shipped toy_model/ (`python toymodel.py pretrain`, `make_toy_model`: 1200 clean steps of batch 64, then 200
@@ -44,8 +45,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, St
 import evaluate as evaluation
 import models
 import policy
-from toyworld import (COLORS, COUNTS, HELDOUT_EVAL, HELDOUT_SETTINGS, HELDOUT_SIZE, MAX_SEQUENCE_LENGTH, RESOLUTION,
-                      STEPS, WORDS, all_metadata, caption, dataset, render, toy_components)
+from toyworld import (COLORS, COUNTS, HELDOUT_SIZE, MAX_SEQUENCE_LENGTH, RESOLUTION, SHIPPED_EVALS, STEPS, WORDS,
+                      all_metadata, caption, dataset, render, toy_components)
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. The tiny pixel-space SD3 pipeline
@@ -68,13 +69,14 @@ def build_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
     return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=None, **text)
 
 
-def evaluate(pipe, samples: int = HELDOUT_SIZE, steps: int = STEPS, guidance_scale: float = 1.0) -> dict:
-    """Held-out evaluation as `train.py --task tiny` runs it (evaluate.sample_and_score: the first `samples`
-    held-out prompts, the evaluation's fixed noise, the T-step Euler ODE). Returns the components' means, the
+def evaluate(pipe, samples: int = HELDOUT_SIZE, steps: int = STEPS, guidance_scale: float = 1.0,
+             split: str = "heldout") -> dict:
+    """Held-out (or validation) evaluation as `train.py --task tiny` runs it (evaluate.sample_and_score: the first
+    `samples` prompts of the split, its fixed noise, the T-step Euler ODE). Returns the components' means, the
     score's standard error, the count credit per asked count k, images/s, and the images with their prompts."""
     if samples < 2:
         raise ValueError(f"evaluation needs at least 2 samples for a standard error, got {samples}")
-    prompts, metas, _ = dataset("heldout", 0, samples)
+    prompts, metas, _ = dataset(split, 0, samples)
 
     def reward_fn(images, prm, meta):
         parts = toy_components(images, prm, meta)
@@ -82,7 +84,7 @@ def evaluate(pipe, samples: int = HELDOUT_SIZE, steps: int = STEPS, guidance_sca
 
     start = time.perf_counter()
     out = evaluation.sample_and_score(pipe, prompts, metas, reward_fn, samples, steps, guidance_scale, RESOLUTION,
-                                      MAX_SEQUENCE_LENGTH, batch=64)
+                                      MAX_SEQUENCE_LENGTH, batch=64, seed=SHIPPED_EVALS[split][1]["eval_seed"])
     seconds = time.perf_counter() - start
     values, wanted = out["values"], torch.tensor([m["count"] for m in metas])  # {name: (N,)}, (N,)
     result = {name: values[name].mean().item() for name in ("score", "strict", "colour", "count")}
@@ -92,17 +94,18 @@ def evaluate(pipe, samples: int = HELDOUT_SIZE, steps: int = STEPS, guidance_sca
     return result | {"images": out["images"], "prompts": prompts, "values": values}
 
 
-def write_heldout_eval(folder: str, pipe) -> dict:
-    """Evaluate `pipe` (the checkpoint saved in `folder`) under HELDOUT_SETTINGS and write every image's values to
-    folder/HELDOUT_EVAL, named as train.py's evaluation names them (rewards.py "toy": the total "reward", the
-    reward "toy" itself and its parts "toy_<name>"). train.py reads them as its "before" evaluation when its
-    settings are these, after checking them against a fresh evaluation of the first images. Returns the result."""
-    result = evaluate(pipe, HELDOUT_SETTINGS["eval_samples"], HELDOUT_SETTINGS["eval_steps"],
-                      HELDOUT_SETTINGS["eval_guidance"])
+def write_shipped_eval(folder: str, pipe, split: str = "heldout") -> dict:
+    """Evaluate `pipe` (the checkpoint saved in `folder`) under the split's settings (toyworld.SHIPPED_EVALS:
+    held-out or validation) and write every image's values to folder/<its file>, named as train.py's evaluation
+    names them (rewards.py "toy": the total "reward", the reward "toy" itself and its parts "toy_<name>").
+    train.py reads them as its "before" evaluation when its settings are these, after checking them against a
+    fresh evaluation of the first images. Returns the result."""
+    filename, settings = SHIPPED_EVALS[split]
+    result = evaluate(pipe, settings["eval_samples"], settings["eval_steps"], settings["eval_guidance"], split)
     v = result["values"]
     per_image = {"reward": v["score"], "toy": v["score"], **{f"toy_{k}": v[k] for k in ("colour", "count", "strict")}}
-    with open(os.path.join(folder, HELDOUT_EVAL), "w") as f:
-        json.dump({"settings": HELDOUT_SETTINGS, "per_image": {k: x.tolist() for k, x in per_image.items()}}, f)
+    with open(os.path.join(folder, filename), "w") as f:
+        json.dump({"settings": settings, "per_image": {k: x.tolist() for k, x in per_image.items()}}, f)
     return result
 
 
@@ -233,7 +236,9 @@ def make_toy_model(out: str | None, seed: int = 0, steps: int = CLEAN_STEPS, noi
     result = pretrain(out, noisy_steps, seed, lr=noisy_lr, colour_noise=colour_noise, init=init,
                       eval_every=eval_every, log=log)
     if out is not None:
-        log("held-out evaluation for train.py: " + format_result(write_heldout_eval(out, result["pipe"]), STEPS))
+        for split in SHIPPED_EVALS:
+            log(f"{split} evaluation for train.py: " + format_result(write_shipped_eval(out, result["pipe"], split),
+                                                                     STEPS))
     return result
 
 
@@ -257,6 +262,10 @@ def main() -> None:
     ev.add_argument("--steps", type=int, default=STEPS)
     ev.add_argument("--guidance", type=float, default=1.0)
     ev.add_argument("--grid", default=None, help="also save the samples as a PNG here")
+    ev.add_argument("--split", default="heldout", choices=list(SHIPPED_EVALS), help="held-out or validation prompts "
+                    "and noise")
+    ev.add_argument("--write", action="store_true", help="write the split's values of every image beside the model "
+                    "(what pretrain does at its end; --samples etc. are then the split's settings)")
     for p in (pre, ev):
         # One thread: on 2 shared cores a second thread waits on the neighbours' jobs (measured 2-7 s/step with 2
         # threads vs a steady 1.1 s/step with 1); results may differ in the last bits between thread counts.
@@ -269,7 +278,8 @@ def main() -> None:
         print(f"saved to {args.out}")
     else:
         pipe = models.load_pipeline(args.model)
-        result = evaluate(pipe, args.samples, args.steps, args.guidance)
+        result = (write_shipped_eval(args.model, pipe, args.split) if args.write
+                  else evaluate(pipe, args.samples, args.steps, args.guidance, args.split))
         print(format_result(result, args.steps))
         if args.grid:
             evaluation.save_grid(result["images"][:64], args.grid, columns=16)

@@ -6,12 +6,13 @@ draw noise and SD3.5-M needs a GPU. This file keeps the paper's story at 32x32 p
 graded partial credit; toymodel.py pretrains a tiny flow model in this world that often draws the wrong colour,
 so that GRPO (`train.py --task tiny`) has something to improve in a few CPU minutes.
 
-  1. the world: caption grammar, seeded renderer, train / held-out split of generation seeds,
+  1. the world: caption grammar, seeded renderer, train / held-out / validation splits of generation seeds,
   2. the reward: colour quantization by hue + connected components (OpenCV), batched, with its components,
-  3. the held-out evaluation `train.py --task tiny` runs (HELDOUT_SETTINGS).
+  3. the held-out evaluation `train.py --task tiny` runs (HELDOUT_SETTINGS) and the validation one that compare.py
+     chooses hyperparameters on (VALIDATION_SETTINGS).
 
 Run: `python -m pytest tests/test_toyworld.py`; the world is used by config.py (the "toy:train" / "toy:heldout"
-prompt sets), rewards.py (the "toy" reward) and toymodel.py (pretraining data).
+/ "toy:validation" prompt sets), rewards.py (the "toy" reward) and toymodel.py (pretraining data).
 
 The reward (documented again at `toy_components`): per image, with the prompt's count k and colour c, n_c the
 objects of colour c found, and ink = the pixels with colour (not white, grey or a faint fringe),
@@ -53,7 +54,10 @@ SIZE_RANGE = (8, 11)  # object bounding-box side in pixels (inclusive)
 GAP = 3  # minimum empty pixels between two bounding boxes: anti-aliased edges of neighbours never touch
 MARGIN = 1  # pixels kept free at the image border
 SUPERSAMPLE = 4  # draw at 4x and box-filter down: realistic anti-aliased edges for the reward to cope with
-HELDOUT_SIZE = 1024  # held-out examples train.py evaluates on (train.py "toy:heldout")
+HELDOUT_SIZE = 1024  # held-out examples train.py evaluates on (train.py "toy:heldout"); validation has as many
+# Validation example i has generation seed VALIDATION_OFFSET + 2i + 1: odd like the held-out seeds (so never a
+# training layout) and far beyond any held-out set (which would need 2**39 examples to reach it)
+VALIDATION_OFFSET = 2**40
 STEPS = 6  # T of `train.py --task tiny`, in training and evaluation (the paper's FLUX.1-dev schedule)
 
 
@@ -81,12 +85,16 @@ def all_metadata() -> list[dict]:
     return [{"count": k, "color": c, "shape": s} for k in range(1, len(COUNTS) + 1) for c in COLORS for s in SHAPES]
 
 
+SPLITS = ("train", "heldout", "validation")
+
+
 def generation_seed(split: str, index: int) -> int:
-    """Example `index` of a split is generated from seed 2*index (train) or 2*index + 1 (held-out): the two splits
-    never share a seed, so no held-out layout is ever a training image."""
-    if split not in ("train", "heldout"):
-        raise ValueError(f"unknown split '{split}'; use 'train' or 'heldout'")
-    return 2 * index + (split == "heldout")
+    """Example `index` of a split is generated from seed 2*index (train), 2*index + 1 (held-out) or
+    VALIDATION_OFFSET + 2*index + 1 (validation): no two splits share a seed, so no held-out or validation layout
+    is ever a training image, and choosing hyperparameters on validation never looks at a held-out example."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
+    return 2 * index + (split != "train") + (VALIDATION_OFFSET if split == "validation" else 0)
 
 
 def dataset(split: str, start: int, n: int) -> tuple[list[str], list[dict], list[int]]:
@@ -243,21 +251,28 @@ def toy_components(images: torch.Tensor, prompts: list[str], metadata: list[dict
 
 # The held-out evaluation `train.py --task tiny` runs before training, as its Config fields; the checkpoint ships
 # its values (HELDOUT_EVAL) so that a run spends its minutes on training and evaluates only once, after it.
+# eval_seed 2_000_003 is config.EVAL_SEED, every task's evaluation noise (image i: noise seed (eval_seed, i)).
 HELDOUT_EVAL = "heldout_eval.json"
 HELDOUT_SETTINGS = {"eval_prompts": "toy:heldout", "eval_samples": HELDOUT_SIZE, "eval_steps": STEPS,
                     "eval_guidance": 1.0, "rewards": "toy:1", "resolution": RESOLUTION,
-                    "max_sequence_length": MAX_SEQUENCE_LENGTH}
+                    "max_sequence_length": MAX_SEQUENCE_LENGTH, "eval_seed": 2_000_003}
+# The validation evaluation (compare.py chooses hyperparameters on it; the held-out split is only reported): its
+# own captions (the validation split's generation seeds) and its own noise, shipped too (VALIDATION_EVAL)
+VALIDATION_EVAL = "validation_eval.json"
+VALIDATION_SETTINGS = dict(HELDOUT_SETTINGS, eval_prompts="toy:validation", eval_seed=3_000_017)
+SHIPPED_EVALS = {"heldout": (HELDOUT_EVAL, HELDOUT_SETTINGS), "validation": (VALIDATION_EVAL, VALIDATION_SETTINGS)}
 
 
 def shipped_heldout_values(cfg) -> dict[str, torch.Tensor] | None:
-    """The base model's held-out values shipped beside it (cfg.model/HELDOUT_EVAL, written by `python toymodel.py
-    pretrain`), when the run's evaluation settings (a config.Config) are exactly the ones they were computed with;
-    else None. A run from iteration 0 starts from the base model (LoRA's B = 0), so its "before" evaluation IS
-    these values, and train.py recomputes only the first images to check them."""
-    path = os.path.join(cfg.model, HELDOUT_EVAL)
-    if not os.path.isfile(path):
-        return None
-    saved = json.load(open(path))
-    if any(getattr(cfg, k) != v for k, v in saved["settings"].items()):
-        return None
-    return {k: torch.tensor(v) for k, v in saved["per_image"].items()}  # {metric: (M,)}
+    """The base model's evaluation values shipped beside it (cfg.model/HELDOUT_EVAL or VALIDATION_EVAL, written by
+    `python toymodel.py pretrain`), when the run's evaluation settings (a config.Config) are exactly the ones they
+    were computed with; else None. A run from iteration 0 starts from the base model (LoRA's B = 0), so its
+    "before" evaluation IS these values, and train.py recomputes only the first images to check them."""
+    for filename, _ in SHIPPED_EVALS.values():
+        path = os.path.join(cfg.model, filename)
+        if not os.path.isfile(path):
+            continue
+        saved = json.load(open(path))
+        if all(getattr(cfg, k) == v for k, v in saved["settings"].items()):
+            return {k: torch.tensor(v) for k, v in saved["per_image"].items()}  # {metric: (M,)}
+    return None

@@ -432,15 +432,15 @@ def evaluate_policy(run: Run, tag: str, shipped: dict | None = None) -> dict[str
         with acc.autocast():
             result = evaluate.sample_and_score(run.pipe, prompts, metadata, run.reward_fn, samples, cfg.eval_steps,
                                                cfg.eval_guidance, cfg.resolution, cfg.max_sequence_length,
-                                               cfg.reward_batch, acc, run.sampling_policy)
+                                               cfg.reward_batch, acc, run.sampling_policy, cfg.eval_seed)
         if shipped and torch.allclose(result["values"]["reward"], shipped["reward"][:samples], atol=1e-5):
             result |= {"values": shipped, "summary": evaluate.summarize(shipped)}
-            acc.print(f"eval {tag}: the checkpoint's shipped values ({toyworld.HELDOUT_EVAL}; its first {samples} "
-                      f"images recomputed and equal)")
+            acc.print(f"eval {tag}: the checkpoint's shipped values (its first {samples} images recomputed and "
+                      f"equal)")
             break
         if shipped:
-            acc.print(f"eval {tag}: {toyworld.HELDOUT_EVAL} disagrees with a fresh evaluation of its first {samples} "
-                      f"images on this machine; evaluating all {cfg.eval_samples}")
+            acc.print(f"eval {tag}: the checkpoint's shipped values disagree with a fresh evaluation of its first "
+                      f"{samples} images on this machine; evaluating all {cfg.eval_samples}")
             shipped = None
     if run.ema is not None:
         run.ema.swap()

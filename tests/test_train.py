@@ -358,7 +358,7 @@ def test_shipped_heldout_values_stand_in_for_the_evaluation_before_training(tmp_
     shipped = torch.tensor(saved["per_image"]["reward"])  # (40,)
     printed = capsys.readouterr().out
     if tamper:
-        assert "disagrees" in printed and abs(before[3] - shipped[3].item()) == pytest.approx(0.5, abs=1e-5)
+        assert "disagree" in printed and abs(before[3] - shipped[3].item()) == pytest.approx(0.5, abs=1e-5)
     else:
         assert "shipped values" in printed and torch.allclose(torch.tensor(before), shipped, atol=1e-6)
     # the fresh images agree with the shipped values either way, except the tampered one
