@@ -306,7 +306,7 @@ def _smooth(x: torch.Tensor, k: int = 5) -> torch.Tensor:
 
 def _curve(seeds: list[dict], key: str) -> torch.Tensor:
     n = min(len(r["rows"]) for r in seeds)
-    return torch.tensor([[row.get(key, float("nan")) for row in r["rows"][:n]] for r in seeds])  # (S, I)
+    return torch.tensor([[float(row.get(key, math.nan)) for row in r["rows"][:n]] for r in seeds])  # (S, I)
 
 
 def _costs(seeds: list[dict]) -> dict[str, torch.Tensor]:

@@ -1,58 +1,188 @@
-"""compare.py report on hand-written runs: the table's changes and standard errors against hand computation."""
+"""compare.py: variants become the train.py settings they name, a killed sweep resumes without redoing finished
+runs, the grid widens where a best setting sits at its edge and the choice is the best on validation, a real
+train.py run folder is harvested whole, and the report's numbers against hand computation on synthetic runs."""
 
+import gzip
 import json
 import math
 import os
-import types
+import sys
 
-import compare
+import pytest
+import torch
+
+import compare as C
+import config
+import train
+
+FAKE_TRAIN = """
+import json, os, sys
+argv = sys.argv[1:]
+out = argv[argv.index("--output-dir") + 1]
+seed = int(argv[argv.index("--seed") + 1])
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(out + "\\n")
+if os.path.exists(os.environ["FAKE_LOG"] + f".die{seed}"):
+    sys.exit(3)  # stands for a run killed half-way: its folder exists, its result does not
+os.makedirs(out, exist_ok=True)
+rows = [{"iteration": i, "reward/mean": 0.5, "cost/transformer_evals": 100, "cost/evals_per_trajectory": 6,
+         "time/sample_s": 1, "time/reward_s": 0, "time/train_s": 1, "time/elapsed_s": 2 * i} for i in (1, 2)]
+open(os.path.join(out, "metrics.jsonl"), "w").write("".join(json.dumps(r) + "\\n" for r in rows))
+for tag, v in (("before", 0.25), ("after", 0.5 + seed / 100)):
+    json.dump({"iteration": 2, "eval/reward": v, "eval/toy_strict": v,
+               "per_image": {"reward": [v, v], "toy_strict": [v, v], "toy_colour": [1, 1]}},
+              open(os.path.join(out, f"eval_{tag}.json"), "w"))
+"""
 
 
-def _write_run(folder, rewards, before, after, tp=None):
-    """A finished run: metrics.jsonl with the training rewards, costs and turning-point rates (tp: strict, base,
-    kept; None for Flow-GRPO), eval_before/after.json with per-image scores."""
-    os.makedirs(folder)
-    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
-        for it, r in enumerate(rewards, 1):
-            row = {"iteration": it, "reward/mean": r, "cost/transformer_evals": 320, "time/sample_s": 2.0,
-                   "time/reward_s": 0.5, "time/train_s": 1.5, "time/elapsed_s": 10.0 * it}
-            if tp:
-                row.update({"steps/tp_rate_strict": tp[0], "steps/tp_rate_base": tp[1], "steps/tp_kept": tp[2]})
-            f.write(json.dumps(row) + "\n")
-    for tag, values in (("before", before), ("after", after)):
-        mean = sum(values) / len(values)
-        row = {"eval/reward": mean, "eval/reward_se": 0.05, "eval/toy_strict": mean / 2,
-               "eval/toy_strict_se": 0.01, "per_image": {"reward": values}}
-        with open(os.path.join(folder, f"eval_{tag}.json"), "w") as f:
-            json.dump(row, f)
+def test_a_variant_names_every_axis_and_trains_with_exactly_those_settings():
+    v = C.Variant("tp-grpo-base", lr=3e-3, clip_range=1e-3, noise_level=0.4, window=3, iterations=100, eval_every=20)
+    assert v.name == "tp-grpo-base_lr0.003_clip0.001_a0.4_W3_it100_ev20"
+    cfg = config.parse_config(["--task", "tiny", *v.flags(), *C.SPLIT_FLAGS["validation"]])
+    assert (cfg.algo, cfg.tp_rule, cfg.lr, cfg.clip_range, cfg.noise_level, cfg.window, cfg.iterations,
+            cfg.eval_every) == ("tp-grpo", "base", 3e-3, 1e-3, 0.4, 3, 100, 20)
+    assert (cfg.eval_prompts, cfg.eval_seed) == ("toy:validation", 3_000_017)
+    # the default variant is the tiny preset as the laboratory pinned it
+    preset = config.parse_config(["--task", "tiny"])
+    assert {k: getattr(preset, k) for k in C.PRESET} == C.PRESET
 
 
-def test_report_pairs_the_change_image_by_image(tmp_path):
+def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, monkeypatch):
+    fake = tmp_path / "fake_train.py"
+    fake.write_text(FAKE_TRAIN)
+    log = tmp_path / "log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setattr(C, "TRAIN", str(fake))
+    variants = {"a": C.Variant("flow-grpo"), "b": C.Variant("tp-grpo", lr=3e-3)}
+    monkeypatch.setitem(C.EXPERIMENTS, "tiny", C.Experiment("tiny", "test", "heldout", (0, 1), lambda r: variants))
+    results, runs = str(tmp_path / "results"), str(tmp_path / "runs")
+    (tmp_path / "log.die1").touch()  # seed 1's first run dies
+    with pytest.raises(SystemExit, match="train.py failed"):
+        C.run(["tiny"], results, runs)
+    first = log.read_text().splitlines()
+    assert len(first) == 3  # seed-major: both seed-0 runs finished, then seed 1's first one died
+    assert [C.finished(results, "heldout", v, [0]) for v in variants.values()] == [True, True]
+    (tmp_path / "log.die1").unlink()
+    C.run(["tiny"], results, runs)
+    again = log.read_text().splitlines()[3:]
+    assert sorted(again) == sorted(os.path.join(runs, "heldout", v.name, "seed1") for v in variants.values())
+    C.run(["tiny"], results, runs)  # all finished: nothing runs
+    assert len(log.read_text().splitlines()) == 5
+    r = C.load_result(results, "heldout", variants["b"], 1)
+    assert r["evals"]["after"]["eval/reward"] == 0.51 and set(r["evals"]["after"]["per_image"]) == {"reward",
+                                                                                                     "toy_strict"}
+    assert "--lr" in r["argv"] and r["machine"]["cores"] == os.cpu_count()
+
+
+def write_result(results, split, variant, seed, before, after, rewards=(0.5, 0.5), tp=None, evals_at=()):
+    """A synthetic finished run: per-image scores before / after (and at iterations `evals_at`, all `after`)."""
+    rows = [{"iteration": i, "reward/mean": r, "cost/transformer_evals": 320, "cost/evals_per_trajectory": 10,
+             "time/sample_s": 2.0, "time/reward_s": 0.5, "time/train_s": 1.5, "time/elapsed_s": 10.0 * i,
+             **({} if tp is None else {"steps/tp_rate_strict": tp[0], "steps/tp_rate_base": tp[1],
+                                       "steps/tp_kept": tp[2]})} for i, r in enumerate(rewards, 1)]
+    evals = {}
+    for tag, values, it in [("before", before, 0), ("after", after, len(rewards))] + [
+            (f"iter{i:06d}", after, i) for i in evals_at]:
+        evals[tag] = {"iteration": it, "eval/reward": sum(values) / len(values),
+                      "eval/toy_strict": sum(values) / len(values) / 2, "per_image": {"reward": list(values)}}
+    path = C.result_path(results, split, variant, seed)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"argv": [], "machine": {"cpu": "test", "cores": 2}, "rows": rows, "evals": evals}, f)
+
+
+def fill_grid(results, score):
+    """Every grid run of the current axes, with a validation score after of score(method, lr, clip) + seed/1000."""
+    for v in C.grid_variants(results).values():
+        for s in C.GRID_SEEDS:
+            if not C.finished(results, "validation", v, [s]):
+                x = score(v.method, v.lr, v.clip_range) + s / 1000
+                write_result(results, "validation", v, s, [0.3, 0.3], [x, x])
+
+
+def test_the_grid_widens_towards_a_best_at_its_edge_then_chooses_the_best(tmp_path):
+    results = str(tmp_path)
+    start = C.grid_axes(results)
+    assert start == {"lr": [3e-4, 1e-3, 3e-3, 1e-2], "clip_range": [1e-4, 1e-3]}
+    # Flow-GRPO peaks at lr 3e-3 inside the grid; TP-GRPO's score rises with lr to the edge (1e-2) and beyond,
+    # peaking at 3e-2: the grid widens to 3e-2 (for both methods), then to 1e-1 (3e-2 is the new edge), and stops
+    # there: 3e-2 is no longer at the edge. Both prefer clip 1e-4, the lower edge: it widens to 1e-5 once.
+    peak = {"flow-grpo": 3e-3, "tp-grpo": 3e-2}
+    score = lambda m, lr, c: 0.5 - abs(math.log10(lr / peak[m])) / 10 + (c == 1e-4) / 100  # noqa: E731
+    for _ in range(4):
+        fill_grid(results, score)
+    assert C.grid_axes(results) == {"lr": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], "clip_range": [1e-5, 1e-4, 1e-3]}
+    assert C.chosen(results, "flow-grpo") == C.Variant("flow-grpo", lr=3e-3, clip_range=1e-4)
+    # the ablations take TP-GRPO's choice
+    assert C.chosen(results, "incremental") == C.Variant("incremental", lr=3e-2, clip_range=1e-4)
+
+
+def test_a_grid_best_inside_does_not_widen_and_an_unfinished_grid_cannot_choose(tmp_path):
+    results = str(tmp_path)
+    with pytest.raises(SystemExit, match="grid is not finished"):
+        C.chosen(results, "tp-grpo")
+    fill_grid(results, lambda m, lr, c: 0.5 - abs(math.log10(lr / 1e-3)) / 10 + (c == 1e-3) / 100)
+    # the best clip (1e-3) sits at the top edge of the clip axis: it widens to 1e-2 only
+    assert C.grid_axes(results) == {"lr": [3e-4, 1e-3, 3e-3, 1e-2], "clip_range": [1e-4, 1e-3, 1e-2]}
+    fill_grid(results, lambda m, lr, c: 0.5 - abs(math.log10(lr / 1e-3)) / 10 + (c == 1e-3) / 100)
+    assert C.chosen(results, "tp-grpo") == C.Variant("tp-grpo", lr=1e-3, clip_range=1e-3)
+
+
+def test_harvest_keeps_a_real_run_whole(tmp_path):
+    out = tmp_path / "run"
+    train.main(config.parse_config(["--task", "tiny", "--iterations", "1", "--eval-samples", "8", "--eval-every",
+                                    "1", "--prompts-per-iter", "2", "--group-size", "4", "--sample-batch", "8",
+                                    "--train-batch", "4", "--output-dir", str(out), "--report-to", "none"]))
+    C.harvest(str(out), str(tmp_path / "r.json.gz"), ["--x"], jobs=1)
+    with gzip.open(tmp_path / "r.json.gz", "rt") as f:
+        r = json.load(f)
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert r["rows"] == rows and set(r["evals"]) == {"before", "after"}
+    after = json.load(open(out / "eval_after.json"))
+    assert r["evals"]["after"]["eval/reward"] == after["eval/reward"]
+    assert r["evals"]["after"]["per_image"]["reward"] == after["per_image"]["reward"]
+    assert r["machine"]["torch"] == torch.__version__ and r["argv"] == ["--x"]
+
+
+def test_report_pairs_the_change_image_by_image(tmp_path, monkeypatch):
+    results = str(tmp_path / "results")
     before = [0.5, 0.5, 1.0, 0.0]
-    # two seeds of one method: image changes (+0.5, 0, 0, +0.5) and (+0.5, +0.5, -0.5, 0)
-    _write_run(tmp_path / "flow-grpo-seed0", [0.6, 0.7], before, [1.0, 0.5, 1.0, 0.5])
-    _write_run(tmp_path / "flow-grpo-seed1", [0.6, 0.8], before, [1.0, 1.0, 0.5, 0.0])
-    table = compare.report(types.SimpleNamespace(out=str(tmp_path), docs=str(tmp_path / "docs")))
-    row = [line for line in table.splitlines() if line.startswith("| flow-grpo")][0].split(" | ")
+    flow = C.Variant("flow-grpo")
+    # two seeds: image changes (+0.5, 0, 0, +0.5) and (+0.5, +0.5, -0.5, 0)
+    write_result(results, "heldout", flow, 0, before, [1.0, 0.5, 1.0, 0.5], rewards=(0.6, 0.7))
+    write_result(results, "heldout", flow, 1, before, [1.0, 1.0, 0.5, 0.0], rewards=(0.6, 0.8))
+    monkeypatch.setitem(C.EXPERIMENTS, "t", C.Experiment("t", "test", "heldout", (0, 1), lambda r: {"f": flow}))
+    text = C.report(["t"], results, str(tmp_path / "docs"))
+    row = [line for line in text.splitlines() if line.startswith("| f ")][0].split(" | ")
     # per seed: +0.25 and +0.125; mean +0.1875, SE over seeds = std([0.25, 0.125]) / sqrt(2) = 0.0625
-    assert row[4] == "+0.188 +- 0.062"
+    assert row[9] == "+0.188 +- 0.062"
     # seed-averaged per image: (+0.5, +0.25, -0.25, +0.25); SE over the 4 images = std / 2
     d = [0.5, 0.25, -0.25, 0.25]
     m = sum(d) / 4
     se = math.sqrt(sum((x - m) ** 2 for x in d) / 3) / 2
-    assert row[5] == f"{se:.3f}"
-    # the ratio divides by the larger SE (here the one over images, 0.156)
-    assert row[6] == f"{m / se:+.1f}"
-    # Flow-GRPO reaches its own final training reward; its run took 20 s
-    assert row[8] == "-" and row[9] == "2 / 640 / 8" and row[10] == "20"
-    assert (tmp_path / "docs" / "compare_curves.png").exists() and (tmp_path / "docs" / "compare_table.md").exists()
+    assert row[10] == f"{se:.3f}" and row[11] == f"{m / se:+.1f}"  # the ratio divides by the larger SE
+    assert row[13] == "-" and row[14] == "10" and row[15].rstrip(" |") == "20"
+    assert (tmp_path / "docs" / "t.png").exists() and (tmp_path / "docs" / "t.md").read_text().startswith("### t")
 
 
-def test_report_rates_and_costs_to_reach_flow_grpos_final_reward(tmp_path):
-    before = [0.5, 0.5]
-    _write_run(tmp_path / "flow-grpo-seed0", [0.6, 0.6, 0.6], before, before)
-    # TP-GRPO's 5-iteration trailing mean reaches 0.6 at iteration 2 ((0.5 + 0.7) / 2), after 2 x 4 s of its loop
-    _write_run(tmp_path / "tp-grpo-seed0", [0.5, 0.7, 0.9], before, [1.0, 0.5], tp=(0.02, 0.05, 0.01))
-    table = compare.report(types.SimpleNamespace(out=str(tmp_path), docs=str(tmp_path / "docs")))
-    row = [line for line in table.splitlines() if line.startswith("| tp-grpo ")][0].split(" | ")
-    assert row[8] == "2.0% / 5.0% / 1.0%" and row[9] == "2 / 640 / 8" and row[10] == "30"
+def test_reach_counts_iterations_evaluations_and_seconds_to_flow_grpos_best(tmp_path):
+    results = str(tmp_path)
+    flow, tp = C.Variant("flow-grpo", iterations=4), C.Variant("tp-grpo", iterations=4)
+    # Flow-GRPO: held-out 0.4 at iteration 2 (its best), 0.3 after; TP-GRPO: 0.5 from iteration 2 on
+    for s in (0, 1):
+        write_result(results, "heldout", flow, s, [0.3], [0.3], rewards=(0.5, 0.6, 0.6, 0.5))
+        write_result(results, "heldout", tp, s, [0.3], [0.5], rewards=(0.5, 0.7, 0.9, 0.9), tp=(0.1, 0.2, 0.1),
+                     evals_at=(2,))
+        r = C.load_result(results, "heldout", flow, s)
+        r["evals"]["iter000002"] = dict(r["evals"]["after"], iteration=2, **{"eval/reward": 0.4})
+        with gzip.open(C.result_path(results, "heldout", flow, s), "wt") as f:
+            json.dump(r, f)
+    runs = {"flow-grpo": (flow, [C.load_result(results, "heldout", flow, s) for s in (0, 1)]),
+            "tp-grpo": (tp, [C.load_result(results, "heldout", tp, s) for s in (0, 1)])}
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in C.reach_table(runs).splitlines()[2:]}
+    # held-out: TP-GRPO is at 0.5 >= 0.4 at iteration 2 (2 x 320 evaluations, 2 x 4 s); Flow-GRPO at its own best
+    assert rows["tp-grpo"][1:5] == ["0.400", "2 (2-2, 0%)", "640", "8"]
+    assert rows["flow-grpo"][2] == "2 (2-2, 0%)"
+    # training reward: Flow-GRPO's best 5-iteration mean is (0.5 + 0.6 + 0.6) / 3 = 0.567 at iteration 3;
+    # TP-GRPO's trailing mean reaches it at iteration 2 ((0.5 + 0.7) / 2 = 0.6)
+    assert rows["tp-grpo"][5] == "0.567" and rows["tp-grpo"][6] == "2 (2-2, 0%)"

@@ -58,9 +58,19 @@ def test_caption_grammar_round_trips_and_rejects_outsiders():
 
 
 def test_split_is_disjoint_deterministic_and_covers_the_world():
-    train = set(tw.dataset("train", 0, 1000)[2])
-    heldout = set(tw.dataset("heldout", 0, 1000)[2])
-    assert len(train) == len(heldout) == 1000 and not train & heldout
+    train = set(tw.dataset("train", 0, 100_000)[2])  # more than the shipped checkpoint's pretraining saw (89,600)
+    heldout = set(tw.dataset("heldout", 0, tw.HELDOUT_SIZE)[2])
+    validation = set(tw.dataset("validation", 0, tw.HELDOUT_SIZE)[2])
+    assert len(heldout) == len(validation) == tw.HELDOUT_SIZE
+    assert not train & heldout and not train & validation and not heldout & validation
+    # validation's captions are its own draw (the grammar is small, so captions repeat, but not in the same order)
+    assert tw.dataset("validation", 0, 64)[0] != tw.dataset("heldout", 0, 64)[0]
+    # ... and its evaluation noise is its own: the settings differ only in prompts and noise seed
+    assert {k for k in tw.HELDOUT_SETTINGS if tw.HELDOUT_SETTINGS[k] != tw.VALIDATION_SETTINGS[k]} == {
+        "eval_prompts", "eval_seed"}
+    assert tw.HELDOUT_SETTINGS["eval_seed"] == config.EVAL_SEED
+    with pytest.raises(SystemExit):  # the validation prompts with the held-out noise: refused
+        config.parse_config(["--task", "tiny", "--eval-prompts", "toy:validation"])
     prompts, metas, seeds = tw.dataset("heldout", 0, 1000)
     assert {tw.caption(m) for m in metas} == {tw.caption(m) for m in tw.all_metadata()}
     assert tw.dataset("heldout", 10, 5) == (prompts[10:15], metas[10:15], seeds[10:15])
@@ -255,14 +265,19 @@ def test_shipped_checkpoint_loads_through_the_sampler_and_draws_finite_images():
     assert 0.25 <= result["score"] <= 0.55 and result["colour"] <= 0.65 and result["strict"] <= 0.4, result
 
 
-def test_shipped_heldout_values_are_a_fresh_evaluation_of_the_checkpoint():
-    # train.py --task tiny reads toy_model/heldout_eval.json as its evaluation before training: it must be what
-    # the checkpoint scores now (here the first 64 of the 1024 images, recomputed), under the preset's settings.
-    saved = json.load(open(os.path.join(MODEL, tw.HELDOUT_EVAL)))
-    cfg = config.parse_config(["--task", "tiny"])
-    assert saved["settings"] == {k: getattr(cfg, k) for k in saved["settings"]}
+@pytest.mark.parametrize("split", ["heldout", "validation"])
+def test_shipped_values_are_a_fresh_evaluation_of_the_checkpoint(split):
+    # train.py --task tiny reads toy_model/heldout_eval.json (or validation_eval.json with the validation flags)
+    # as its evaluation before training: it must be what the checkpoint scores now (here the first 64 of the 1024
+    # images, recomputed), under the run's settings.
+    filename, settings = tw.SHIPPED_EVALS[split]
+    saved = json.load(open(os.path.join(MODEL, filename)))
+    flags = [] if split == "heldout" else ["--eval-prompts", "toy:validation", "--eval-seed", "3000017"]
+    cfg = config.parse_config(["--task", "tiny", *flags])
+    assert saved["settings"] == settings == {k: getattr(cfg, k) for k in saved["settings"]}
     assert {len(v) for v in saved["per_image"].values()} == {tw.HELDOUT_SIZE}
-    fresh = toymodel.evaluate(models.load_pipeline(MODEL), samples=64)["values"]
+    assert torch.equal(tw.shipped_heldout_values(cfg)["reward"], torch.tensor(saved["per_image"]["reward"]))
+    fresh = toymodel.evaluate(models.load_pipeline(MODEL), samples=64, split=split)["values"]
     for name, key in [("reward", "score"), ("toy_colour", "colour"), ("toy_count", "count"), ("toy_strict", "strict")]:
         torch.testing.assert_close(torch.tensor(saved["per_image"][name][:64]), fresh[key], rtol=0, atol=1e-6)
     score = torch.tensor(saved["per_image"]["reward"])  # (1024,) the checkpoint's held-out score: room to learn
