@@ -11,7 +11,7 @@ Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 
   (a*), (c*) with --compile: (a) and (c) with the transformer compiled for calls of a fixed size
       (models.CompiledTransformer, as train.py --compile runs it); the compile warm-up is timed on its own.
   (e) one training micro-batch of the n trajectories: W window steps of forward + backward through the LoRA
-      transformer (policy.window_step_loss: the policy, the adapter-off reference when beta > 0, grpo_loss), then
+      transformer (policy.WindowStepLoss: the policy, the adapter-off reference when beta > 0, grpo_loss), then
       one AdamW step.
 
 An evaluation is one image through the transformer at one step (a CFG pair counts once; FLUX's guidance
@@ -31,8 +31,8 @@ reported.
   python bench.py --size random-flux-dev --device cuda --dtype bf16 --steps 6 --window 5 --guidance 3.5 --batches 3
                                            # FLUX: the presets' T = 6, W = 5 (--device meta: FLOPs only)
 
-Shape legend: n trajectories per batch, C/h/w latent channels/height/width (lower case: W is the
-window length of the phases above), L text tokens, D text width, P pooled width.
+Shape legend: n trajectories per batch, C/h/w latent channels/height/width, L text tokens, D text width, P pooled
+width.
 """
 
 from __future__ import annotations
@@ -149,16 +149,16 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
 
     params = [p for p in pipe.transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
+    step_loss = policy.WindowStepLoss(lambda: policy.reference_policy(pipe.transformer), cfg.sampler, cfg.noise_level,
+                                      cfg.guidance, cfg.clip_range, cfg.beta, autocast)
 
     @torch.enable_grad()
     def train_step():
         pipe.transformer.train()
         for k in range(cfg.window):
             t = timesteps[k].expand(n)  # (n,)
-            loss, _, _ = policy.window_step_loss(
-                pipe.transformer, lambda: policy.reference_policy(pipe.transformer), ro.states[:, k],
-                ro.states[:, k + 1], t, cond, sigmas[k], sigmas[k + 1], ro.log_probs[:, k],
-                torch.randn(n, device=args.device), cfg, autocast=autocast)
+            loss, _, _ = step_loss(pipe.transformer, ro.states[:, k], ro.states[:, k + 1], t, cond, sigmas[k],
+                                   sigmas[k + 1], ro.log_probs[:, k], torch.randn(n, device=args.device))
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -4,7 +4,7 @@ noise level and the SDE window) in miniature, each a named set of variants x see
   python compare.py list                        # the experiments, their variants, seeds and what is finished
   python compare.py run grid fair headline      # run experiments in order; finished runs are skipped
   python compare.py run grid --jobs 2           # two runs at a time (one thread each)
-  python compare.py report grid                 # docs/lab/grid.md and docs/lab/grid.png (printed too)
+  python compare.py report grid                 # docs/lab/{grid.md, grid.png} (the table is printed too)
 
 A variant fixes the experiment's axes (the method and lr, ratio clip, noise level a, window W, iterations); every
 other setting is the tiny preset's. The axes' values are written out in full in every run's name, so a run means
@@ -353,8 +353,8 @@ def change_stats(seeds: list[dict]) -> dict[str, float]:
 def table(runs: dict) -> str:
     """One row per variant: its axes, seeds, score before / after / change with both SEs, strict accuracy,
     turning-point rates, transformer evaluations per trajectory and seconds per run."""
-    lines = ["| variant | lr | clip | a | W | iterations | seeds | before | after | change +- SE over seeds | paired SE "
-             "over images | change / SE | strict after | turning points (strict / base / kept) | evaluations per "
+    lines = ["| variant | lr | clip | a | W | iterations | seeds | before | after | change +- SE over seeds | paired "
+             "SE over images | change / SE | strict after | turning points (strict / base / kept) | evaluations per "
              "trajectory | seconds per run |", "|" + "---|" * 16]
     for label, (v, seeds) in runs.items():
         c = change_stats(seeds)

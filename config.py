@@ -26,6 +26,11 @@ import toyworld
 import turning_points as tp
 
 
+# TP-GRPO and its incremental ablation take step rewards from completions (turning_points.CREDITS); Flow-GRPO
+# takes the outcome reward (Config.completes)
+ALGOS = ("tp-grpo", "flow-grpo", "incremental")
+
+
 def _f(default, help: str):
     return field(default=default, metadata={"help": help})
 
@@ -72,7 +77,8 @@ class Config:
     beta: float = _f(1e-4, "beta, the KL weight (0 skips the reference forward pass)")
     adv_clip: float = _f(5.0, "advantages are clipped to [-adv_clip, adv_clip]")
     drop_zero_adv: bool = _f(True, "leave trajectories whose advantage A_{i,k} is 0 at every window step out of "
-                                   "the loss's means (Flow-GRPO and the demo code drop them)")
+                                   "the loss's means (as Flow-GRPO's train_sd3.py and the demo code's SD3.5-M and "
+                                   "TP-GRPO FLUX scripts; their FLUX baselines keep them)")
     # LoRA and EMA (docs/method.md, 'SD3.5-Medium hyperparameters')
     lora_rank: int = _f(32, "LoRA r (0 = full fine-tuning of the transformer)")
     lora_alpha: int = _f(64, "LoRA alpha")
@@ -106,6 +112,13 @@ class Config:
     output_dir: str = _f("runs/pickscore", "checkpoints, logs, sample grids")
     resume: str = _f("", "checkpoint folder to continue from, or 'latest' in output_dir")
     report_to: str = _f("tensorboard", "tensorboard | wandb | none")
+
+    @property
+    def completes(self) -> bool:
+        """TP-GRPO and the incremental ablation score the ODE completion of every window state (R_0 .. R_W) and
+        credit each step; Flow-GRPO has only the outcome R_sde, the same reward for every step (docs/method.md,
+        'Per-step rewards of the three methods'). The one place that says what Flow-GRPO means."""
+        return self.algo != "flow-grpo"
 
 
 EVAL_SEED = Config.eval_seed  # every task's evaluation noise, never a training trajectory's seed
@@ -188,8 +201,8 @@ def parse_config(argv: list[str] | None = None, description: str = "") -> Config
 
 def check_config(cfg: Config) -> str:
     """One line naming what is inconsistent, or '' (checked before anything is loaded or written)."""
-    if cfg.algo not in tp.ALGOS:
-        return f"unknown --algo '{cfg.algo}'; choose one of {', '.join(tp.ALGOS)}"
+    if cfg.algo not in ALGOS:
+        return f"unknown --algo '{cfg.algo}'; choose one of {', '.join(ALGOS)}"
     if cfg.tp_rule not in tp.RULES:
         return f"unknown --tp-rule '{cfg.tp_rule}'; choose one of {', '.join(tp.RULES)}"
     if cfg.sampler not in S.SAMPLERS:

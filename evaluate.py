@@ -3,8 +3,8 @@ for a base model plus a
 LoRA (or its EMA) written by train.py.
 
 Sampling is the plain Euler ODE with the preset's evaluation steps and CFG (SD3.5-M: 40 steps, w = 4.5); every
-image has a fixed seed (config.EVAL_SEED, image index), so two checkpoints are compared on the same noise. Metrics are the
-reward models of the task in evaluation form: raw PickScore (the paper's ~24), OCR accuracy, GenEval's strict
+image has a fixed seed (config.EVAL_SEED, image index), so two checkpoints are compared on the same noise. Metrics
+are the reward models of the task in evaluation form: raw PickScore (the paper's ~24), OCR accuracy, GenEval's strict
 correctness per tag and overall score, the toy world's graded score and strict accuracy, plus any extra reward given.
 
   python evaluate.py --task tiny --checkpoint runs/tiny/checkpoints/iter-000030

@@ -6,7 +6,7 @@ penalty to the reference policy. The formulas, in our words: docs/method.md, 'Th
 'Per-timestep advantages' and 'The clipped loss'.
 
 Shape legend: B prompts, G group size, N = B*G trajectories (all processes gathered), W window steps,
-n samples of one micro-batch, C/h/w latent channels/height/width (lower case: W is the window length).
+n samples of one micro-batch, C/h/w latent channels/height/width (docs/method.md, 'Notation').
   rewards, advantages (N, W) | group (N,) prompt-group id per row (any integers, rows of a group anywhere)
   grpo_loss: logp, logp_old, advantages, std_kl (n,) for one window step; mean, ref_mean (n, C, h, w)
 
@@ -79,9 +79,10 @@ def per_timestep_advantages(rewards, group, clip=5.0):
 
 def flow_grpo_advantages(r_sde, group, num_steps, clip=5.0):
     """Flow-GRPO baseline, (N, num_steps): one group normalization of R_sde (N,), copied to every window step."""
-    r_sde = _check_values(r_sde, "r_sde")
-    if r_sde.dim() != 1 or num_steps < 1:
-        raise ValueError(f"r_sde must be (N,) and num_steps >= 1, got {tuple(r_sde.shape)} and {num_steps}")
+    if not isinstance(r_sde, torch.Tensor) or r_sde.dim() != 1 or num_steps < 1:
+        shape = tuple(r_sde.shape) if isinstance(r_sde, torch.Tensor) else type(r_sde).__name__
+        raise ValueError(f"r_sde must be (N,) and num_steps >= 1, got {shape} and {num_steps}")
+    # A_{i,k} = (R_sde_i - mean_g R_sde) / (std_g R_sde + 1e-4) at every window step k
     adv = per_timestep_advantages(r_sde, group, clip)  # (N,)
     return adv[:, None].expand(-1, num_steps).clone()  # (N, W)
 
@@ -96,20 +97,96 @@ def zero_std_fraction(values, group):
     return _group_stats(x, ids, n_groups)[2].float().mean()
 
 
+def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Tensor:
+    """`order` (n,) rearranged so that the kept rows are spread evenly over its micro-batches of `batch` rows.
+
+    Flow-GRPO re-batches the kept samples into its fixed number of equal, smaller micro-batches; we keep the layout
+    and mask the other rows (train.update_policy), and without this rearrangement it would be left to chance how
+    many counted rows a micro-batch has, i.e. how much each of them weighs. Micro-batch m takes the next floor or
+    ceil(K / M) kept rows (K kept, M micro-batches) in `order`'s order, then dropped rows fill it up; with every
+    row kept, `order` is unchanged.
+    """
+    M = order.numel() // batch
+    kept, dropped = order[keep[order]], order[~keep[order]]  # (K,), (n - K,) both in `order`'s order
+    parts, k, d = [], 0, 0
+    for m in range(M):
+        size = kept.numel() // M + (m < kept.numel() % M)
+        parts += [kept[k:k + size], dropped[d:d + batch - size]]
+        k, d = k + size, d + batch - size
+    return torch.cat(parts)  # (n,)
+
+
 def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask=None):
-    """Clipped surrogate plus KL for one window step of a micro-batch. Returns (loss, stats).
+    """Clipped surrogate plus KL for one window step of a micro-batch (docs/method.md, 'The clipped loss').
+    Returns (loss, stats).
 
     logp: log-prob of the stored x' under the current policy (n,), with grad; logp_old: the same at sampling
     time (n,); advantages (n,); mean: the policy's step mean (n, C, h, w), with grad; ref_mean: the reference
-    policy's mean (n, C, h, w), or None when beta = 0; std_kl (n,): the std the KL divides by (docs/method.md,
-    'The KL to the reference policy'). clip_range: the ratio clip eps (SD3.5-M: 1e-5); beta: the KL weight
-    (SD3.5-M: 1e-4); both in docs/method.md, 'SD3.5-Medium hyperparameters'.
-    mask (n,) bool, or None for all rows: the rows that count. The loss and every statistic are means over them
-    alone, as if the other rows were not in the micro-batch (Flow-GRPO's zero-advantage filter, which train.py
-    applies by masking so that every process keeps the same batch layout); a micro-batch with no such row gives
-    loss 0, still connected to the graph so that its backward pass runs, and statistics 0.
-    stats: detached float tensors clip_frac, approx_kl, kl, policy_loss, ratio_mean, ratio_min, ratio_max.
+    policy's mean (n, C, h, w), or None when beta = 0; std_kl (n,): the std the KL divides by (`kl_to_reference`).
+    clip_range: the ratio clip eps; beta: the KL weight (docs/method.md, 'SD3.5-Medium hyperparameters').
+    mask (n,) bool, or None for all rows: the rows that count (Flow-GRPO's zero-advantage filter, which train.py
+    applies as a mask instead of re-batching; README, deviations). The loss and every statistic are means over them
+    alone; a micro-batch with no such row gives loss 0, still connected to the
+    graph so that its backward pass runs. stats: `loss_stats`.
     """
+    _check_loss_inputs(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask)
+    avg = masked_mean(mask, logp.dtype)
+    # rho = exp(log pi_theta(x' | x) - log pi_old(x' | x))
+    ratio = torch.exp(logp - logp_old)  # (n,)
+    # L = max(-A rho, -A clip(rho, 1 - eps, 1 + eps)): the pessimistic branch, so once the ratio has left the trust
+    # region in the direction the advantage pushes, the gradient is 0
+    unclipped = -advantages * ratio  # (n,)
+    clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)  # (n,)
+    policy_loss = avg(torch.maximum(unclipped, clipped))
+    kl = torch.zeros_like(std_kl) if ref_mean is None else kl_to_reference(mean, ref_mean, std_kl)  # (n,)
+    # total = mean(L) + beta * mean(KL)
+    loss = policy_loss + beta * avg(kl) if beta != 0 else policy_loss
+    return loss, loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range, mask, avg)
+
+
+def kl_to_reference(mean, ref_mean, std_kl):
+    """KL (n,) between the policy's step and the reference policy's (docs/method.md, 'The KL to the reference
+    policy': how this relates to the exact Gaussian KL for each sampler). A step with std_kl = 0 (deterministic,
+    e.g. sigma' = 0) has no KL: 0, with no NaN in value or gradient."""
+    # KL = mean over non-batch dims of (mean_theta - mean_ref)^2 / (2 std_kl^2)
+    sq = (mean - ref_mean.detach()).square().flatten(1).mean(1)  # (n,)
+    denom = 2 * std_kl.square()  # (n,)
+    # a safe denominator keeps 0/0 and its gradient out of the graph: where() back-propagates into both branches
+    valid = denom > 0  # (n,)
+    return torch.where(valid, sq / torch.where(valid, denom, torch.ones_like(denom)), torch.zeros_like(sq))  # (n,)
+
+
+def masked_mean(mask, dtype):
+    """x (n,) -> its mean over the rows where mask (n,) bool is True (all rows when mask is None): the zero-advantage
+    rows left out as if they were not in the micro-batch. All-True gives exactly x.mean(); no True row gives 0."""
+    if mask is None:
+        return torch.mean
+    weight = mask.to(dtype)  # (n,) 1 for a counted row
+    count = weight.sum().clamp_min(1)
+    return lambda x: (x * weight).sum() / count  # sum(x m) / max(sum(m), 1)
+
+
+@torch.no_grad()
+def loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range, mask, avg):
+    """The logged statistics of one step's loss (README, 'Logged metrics'), means over the counted rows: clip_frac,
+    approx_kl, kl, policy_loss, ratio_mean, ratio_min, ratio_max (detached float32 scalars)."""
+    counted = torch.ones_like(ratio, dtype=torch.bool) if mask is None else mask  # (n,)
+    any_row = counted.any()
+    stats = {
+        "clip_frac": avg(((ratio - 1).abs() > clip_range).to(ratio.dtype)),
+        # approx KL(old || new) to second order: 0.5 E[(logp - logp_old)^2]
+        "approx_kl": 0.5 * avg((logp - logp_old).square()),
+        "kl": avg(kl),
+        "policy_loss": policy_loss,
+        "ratio_mean": avg(ratio),
+        "ratio_min": torch.where(any_row, torch.where(counted, ratio, torch.inf).min(), 0.0),
+        "ratio_max": torch.where(any_row, torch.where(counted, ratio, -torch.inf).max(), 0.0),
+    }
+    return {k: v.detach().float() for k, v in stats.items()}
+
+
+def _check_loss_inputs(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask):
+    """One line naming the first argument of grpo_loss that does not fit (shapes, the KL's reference, the clip)."""
     n = logp.shape[0] if isinstance(logp, torch.Tensor) and logp.dim() == 1 else None
     for name, x in (("logp", logp), ("logp_old", logp_old), ("advantages", advantages), ("std_kl", std_kl)):
         if n is None or not isinstance(x, torch.Tensor) or tuple(x.shape) != (n,):
@@ -125,53 +202,3 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
         raise ValueError(f"clip_range must be > 0, got {clip_range}")
     if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != (n,)):
         raise ValueError(f"mask must be a (n,) bool tensor with n = {n} (True: the row counts), or None")
-
-    if mask is None:
-        avg = torch.mean
-    else:
-        weight = mask.to(logp.dtype)  # (n,) 1 for a counted row
-        count = weight.sum().clamp_min(1)
-        # mean over the counted rows: sum(x m) / max(sum(m), 1); all-True gives exactly x.mean()
-        avg = lambda x: (x * weight).sum() / count  # noqa: E731
-
-    # rho = exp(logp_theta - logp_old)
-    ratio = torch.exp(logp - logp_old)  # (n,)
-    # Flow-GRPO's clipped objective (docs/method.md, 'The clipped loss'): L = max(-A rho, -A clip(rho, 1 - eps,
-    # 1 + eps)); the max takes the pessimistic branch, so once the ratio has left the trust region in the
-    # direction the advantage pushes, the gradient is 0.
-    unclipped = -advantages * ratio  # (n,)
-    clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)  # (n,)
-    policy_loss = avg(torch.maximum(unclipped, clipped))
-
-    if ref_mean is None:
-        kl = torch.zeros_like(std_kl)  # (n,)
-    else:
-        # KL per sample = mean over non-batch dims of (mean_theta - mean_ref)^2 / (2 std_kl^2).
-        # Relation to the exact KL: two Gaussians with the same isotropic std s have
-        #   KL(N(mu, s^2 I) || N(mu_ref, s^2 I)) = sum_dims (mu - mu_ref)^2 / (2 s^2).
-        # "cps": std_kl = s, the exact per-step std, so our KL = exact KL / D (D = C*H*W, mean not sum).
-        # "sde": the step std is std * sqrt(-dt) but std_kl = std, so our KL = exact KL * |dt| / D.
-        # Both scalings are the demo code's, and beta was tuned to them.
-        sq = (mean - ref_mean.detach()).square().flatten(1).mean(1)  # (n,)
-        denom = 2 * std_kl.square()  # (n,)
-        # std_kl = 0 (a deterministic step, e.g. sigma' = 0) has no KL: a safe denominator keeps 0/0 and its
-        # gradient out of the graph, since where() back-propagates into both branches.
-        valid = denom > 0  # (n,)
-        kl = torch.where(valid, sq / torch.where(valid, denom, torch.ones_like(denom)), torch.zeros_like(sq))  # (n,)
-    # total = mean(L) + beta * mean(KL)
-    loss = policy_loss + beta * avg(kl) if beta != 0 else policy_loss
-
-    with torch.no_grad():
-        counted = torch.ones_like(ratio, dtype=torch.bool) if mask is None else mask  # (n,)
-        any_row = counted.any()
-        stats = {
-            "clip_frac": avg(((ratio - 1).abs() > clip_range).to(ratio.dtype)),
-            # approx KL(old || new) to second order: 0.5 E[(logp - logp_old)^2]
-            "approx_kl": 0.5 * avg((logp - logp_old).square()),
-            "kl": avg(kl),
-            "policy_loss": policy_loss,
-            "ratio_mean": avg(ratio),
-            "ratio_min": torch.where(any_row, torch.where(counted, ratio, torch.inf).min(), 0.0),
-            "ratio_max": torch.where(any_row, torch.where(counted, ratio, -torch.inf).max(), 0.0),
-        }
-    return loss, {k: v.detach().float() for k, v in stats.items()}

@@ -1,16 +1,22 @@
-"""What the judges of intermediate states see, on the shipped toy checkpoint (toyworld.py, toymodel.py): the ODE
-completion R_k = R(ODE-complete(s_k)) of every window state (paper Sec. 4.1) along one prompt group's
-trajectories, with the turning points it finds (Sec. 4.2, Def. 4.1 / 5.1) and their aggregated rewards r_agg.
+"""Judges of intermediate states, on the shipped toy checkpoint (toyworld.py, toymodel.py). TP-GRPO scores a window
+state s_k by the reward of its ODE completion, R_k = R(ODE-complete(s_k)) (paper Sec. 4.1). The paper's premise is
+that this predicts the average outcome of the stochastic sampler from s_k, and that turning points (Sec. 4.2) catch
+what it misses: how a state interacts with the noise of the later steps. This file measures that premise and
+draws what the judge sees.
 
+  python judge.py measure        # ODE judge vs the mean of M SDE continuations, per window step and noise level a:
+                                 # results/judge/ode_vs_sde.json, docs/lab/{judge.md, judge.png}
   python judge.py figures        # docs/turning_points.png and docs/filmstrip.png (the README's pictures)
 
-Shape legend: G group members, W window steps, R (G, W+1) completion rewards, C/h/w the toy model's latent
-channels/height/width, which are its pixels (it works in pixel space): images (., 3, h, w).
+Shape legend: n trajectories, G group members, M continuations per state, W window steps, R (n, W+1) a judge's
+rewards of the window states s_0..s_W, C/h/w the toy model's latent channels/height/width, which are its pixels
+(it works in pixel space): images (., 3, h, w).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import torch
@@ -24,18 +30,150 @@ import toyworld
 import turning_points as tp
 
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def toy_setup():
+    """The tiny preset's config, the shipped checkpoint, its reward and grid."""
+    cfg = config.Config(**dict(config.PRESETS["tiny"], task="tiny"))
+    pipe = models.load_pipeline(cfg.model)
+    return cfg, pipe, rewards.load_rewards({"toy": 1.0}), models.sigma_grid(pipe.scheduler, cfg.steps)
+
+
+def reward_of(pipe, reward_fn, latents, prompts, metas) -> torch.Tensor:
+    """Decode and score latents (m, C, h, w) in batches of 256: (m,)."""
+    out = []
+    for a in range(0, latents.shape[0], 256):
+        images = models.decode(pipe, latents[a:a + 256])  # (b, 3, h, w)
+        out.append(reward_fn(images, prompts[a:a + 256], metas[a:a + 256])[0])
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def sde_continuations(pipe, ro, cond, cfg, noise_level, M, seed, reward):
+    """The truth the ODE judge stands in for: from each window state s_k (k < W), M continuations of the sampler
+    itself (the rest of the window stochastic with fresh noise, then the ODE), scored. Returns the mean and the
+    standard deviation over the M outcomes, (n, W+1) each; column W is the trajectory's own final reward (s_W has
+    no stochastic step left: every continuation is the same)."""
+    n, W = ro.states.shape[0], ro.window
+    mean, sd = torch.zeros(n, W + 1), torch.zeros(n, W + 1)
+    for k in range(W):
+        i = ro.w0 + k  # s_k sits at grid index w0 + k
+        x = ro.states[:, k].repeat_interleave(M, 0)  # (n*M, C, h, w)
+        gens = S.make_generators([S.member_seed(seed, k, j, m) for j in range(n) for m in range(M)])
+        cont = S.rollout(pipe.transformer, cond.repeat(M), x, gens, ro.sigmas[i:], ro.timesteps[i:], 0, W - k,
+                         noise_level, cfg.sampler, cfg.guidance)
+        r = reward(cont.final).reshape(n, M)  # (n, M)
+        mean[:, k], sd[:, k] = r.mean(1), r.std(1)
+    mean[:, W] = reward(ro.final)  # (n,)
+    return mean, sd
+
+
+def agreement(R: torch.Tensor, truth: torch.Tensor) -> dict:
+    """How a judge's R (n, W+1) agrees with the truth's (n, W+1): per window state the bias (mean R - truth), the
+    RMSE and the correlation over trajectories; per window step the share of d_k = R_k - R_{k-1} whose sign is
+    the truth's; and the strict turning points the judge finds against those the truth finds (precision, recall)."""
+    W = R.shape[1] - 1
+    d, d_true = tp.incremental_rewards(R), tp.incremental_rewards(truth)  # (n, W) each
+    found, real = tp.detect_turning_points(R, "strict"), tp.detect_turning_points(truth, "strict")  # (n, W)
+    return {"bias": (R - truth).mean(0).tolist(), "rmse": (R - truth).square().mean(0).sqrt().tolist(),
+            "corr": [torch.corrcoef(torch.stack([R[:, k], truth[:, k]]))[0, 1].item() for k in range(W + 1)],
+            "d_sign_agree": (torch.sign(d) == torch.sign(d_true)).float().mean(0).tolist(),
+            "tp_precision": ((found & real).sum() / found.sum().clamp(min=1)).item(),
+            "tp_recall": ((found & real).sum() / real.sum().clamp(min=1)).item(),
+            "tp_rate": found.float().mean().item(), "tp_rate_truth": real.float().mean().item()}
+
+
+def measure(args) -> dict:
+    """For each noise level a: `members` trajectories of each of the 48 training captions (the tiny preset's T and
+    window), the ODE judge R_k of every window state, and the mean of M SDE continuations from it; their agreement
+    (`agreement`) and the Monte-Carlo error of the truth itself (mean sd / sqrt(M))."""
+    cfg, pipe, reward_fn, (sigmas, timesteps) = toy_setup()
+    metas = toyworld.all_metadata()
+    prompts = [toyworld.caption(m) for m in metas for _ in range(args.members)]  # (n,)
+    metas = [m for m in metas for _ in range(args.members)]
+    cond = models.encode_prompts(pipe, prompts, cfg.guidance, cfg.max_sequence_length)
+    shape = models.latent_shape(pipe, cfg.resolution)
+    out = {"settings": {"prompts": len(set(prompts)), "members": args.members, "continuations": args.continuations,
+                        "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler, "seed": args.seed},
+           "levels": {}}
+    for a in args.noise:
+        gens = S.make_generators([S.member_seed(args.seed, 0, j, 0) for j in range(len(prompts))])
+        x_T = S.draw_noise(gens, shape, "cpu")  # (n, C, h, w)
+        ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, cfg.window, a, cfg.sampler,
+                       cfg.guidance, complete=True)
+        n, W = x_T.shape[0], cfg.window
+        reps = lambda k: ([p for p in prompts for _ in range(k)], [m for m in metas for _ in range(k)])  # noqa: E731
+        R_ode = reward_of(pipe, reward_fn, ro.completions.flatten(0, 1), *reps(W + 1)).reshape(n, W + 1)
+        M = args.continuations
+        reward = lambda lat: reward_of(pipe, reward_fn, lat, *reps(lat.shape[0] // n))  # noqa: E731
+        truth, sd = sde_continuations(pipe, ro, cond, cfg, a, M, args.seed + 1, reward)  # (n, W+1) each
+        out["levels"][f"{a:g}"] = {**agreement(R_ode, truth), "mc_se": (sd / M**0.5).mean(0).tolist(),
+                                   "R_ode": R_ode.tolist(), "R_sde_mean": truth.tolist()}
+        row = out["levels"][f"{a:g}"]
+        print(f"a={a:g}: bias {fmt(row['bias'])} | corr {fmt(row['corr'])} | d-sign agreement "
+              f"{fmt(row['d_sign_agree'])} | strict TPs: precision {row['tp_precision']:.2f} recall "
+              f"{row['tp_recall']:.2f}", flush=True)
+    path = os.path.join(args.results, "judge", "ode_vs_sde.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f)
+    report_measure(out, args.docs)
+    return out
+
+
+def fmt(values: list[float]) -> str:
+    return " ".join(f"{v:+.3f}" for v in values)
+
+
+def report_measure(out: dict, docs: str) -> None:
+    """docs/judge.md: the agreement table per noise level and window state; docs/judge.png: ODE judge against the
+    SDE mean, one panel per noise level, coloured by window state."""
+    st = out["settings"]
+    lines = [f"ODE judge R_k = R(ODE-complete(s_k)) against the mean reward of {st['continuations']} SDE "
+             f"continuations from s_k ({st['prompts']} captions x {st['members']} trajectories, T = {st['steps']}, "
+             f"W = {st['window']}, sampler {st['sampler']}); columns k = 0..W-1 (at k = W both are the final "
+             f"reward).", "",
+             "| a | what | " + " | ".join(f"k={k}" for k in range(st["window"])) + " | strict turning points: "
+             "precision / recall (rate: judge / truth) |", "|---|---|" + "---|" * (st["window"] + 1)]
+    for a, row in out["levels"].items():
+        tps = (f"{row['tp_precision']:.2f} / {row['tp_recall']:.2f} ({100 * row['tp_rate']:.1f}% / "
+               f"{100 * row['tp_rate_truth']:.1f}%)")
+        for i, (key, name) in enumerate([("bias", "bias R_ode - R_sde"), ("corr", "correlation"),
+                                         ("rmse", "RMSE"), ("mc_se", "Monte-Carlo SE of the truth"),
+                                         ("d_sign_agree", "d_k sign agreement (step k+1)")]):
+            cells = " | ".join(f"{v:+.3f}" if key == "bias" else f"{v:.3f}" for v in row[key][:st["window"]])
+            lines.append(f"| {a if i == 0 else ''} | {name} | {cells} | {tps if i == 0 else ''} |")
+    os.makedirs(docs, exist_ok=True)
+    with open(os.path.join(docs, "judge.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    levels = list(out["levels"].items())
+    fig = Figure(figsize=(4 * len(levels), 3.8), dpi=110)
+    axes = fig.subplots(1, len(levels), sharey=True, squeeze=False)[0]
+    for ax, (a, row) in zip(axes, levels):
+        R, truth = torch.tensor(row["R_ode"]), torch.tensor(row["R_sde_mean"])  # (n, W+1)
+        for k in range(st["window"]):
+            ax.scatter(truth[:, k], R[:, k], s=6, alpha=0.6, label=f"s_{k}")
+        ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+        ax.set_title(f"a = {a}", fontsize=9)
+        ax.set_xlabel(f"mean reward of {st['continuations']} SDE continuations")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("ODE judge R_k")
+    axes[0].legend(fontsize=7, markerscale=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(docs, "judge.png"))
+
+
 def figures(args) -> None:
     """One prompt group of the shipped toy model: R_k along each trajectory with the kept turning points and their
     r_agg, and the filmstrip of one trajectory's ODE completions with their rewards."""
-    cfg = config.Config(**dict(config.PRESETS["tiny"], task="tiny"))
-    pipe = models.load_pipeline(cfg.model)
-    reward_fn = rewards.load_rewards({"toy": 1.0})
+    cfg, pipe, reward_fn, (sigmas, timesteps) = toy_setup()
     prompt, G, W = args.prompt, args.group, cfg.window
     meta = toyworld.parse_caption(prompt)
     cond = models.encode_prompts(pipe, [prompt], cfg.guidance, cfg.max_sequence_length).repeat(G)
     gens = S.make_generators([S.member_seed(args.seed, 0, 0, m) for m in range(G)])
     x_T = S.draw_noise(gens, models.latent_shape(pipe, cfg.resolution), "cpu")  # (G, C, h, w)
-    sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps)
     ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, W, cfg.noise_level, cfg.sampler,
                    cfg.guidance, complete=True)
     images = models.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, h, w)
@@ -89,8 +227,15 @@ def main():
     fg.add_argument("--seed", type=int, default=1)
     fg.add_argument("--rule", default="strict", choices=["strict", "base"], help="turning-point rule")
     fg.add_argument("--docs", default="docs", help="where the PNGs go")
+    ms = sub.add_parser("measure", help="the ODE judge against the mean of SDE continuations")
+    ms.add_argument("--noise", type=float, nargs="+", default=[0.4, 0.7, 1.0], help="noise levels a")
+    ms.add_argument("--members", type=int, default=2, help="trajectories per training caption (48 captions)")
+    ms.add_argument("--continuations", type=int, default=16, help="M, SDE continuations per window state")
+    ms.add_argument("--seed", type=int, default=0)
+    ms.add_argument("--results", default=os.path.join(ROOT, "results"))
+    ms.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"))
     args = p.parse_args()
-    figures(args)
+    {"figures": figures, "measure": measure}[args.command](args)
 
 
 if __name__ == "__main__":

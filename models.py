@@ -1,21 +1,22 @@
 """The two model families, SD3.5-Medium and FLUX.1-dev (paper Sec. 5 and appendix), behind one switch: everything
-sampler.py, policy.py and train.py need to know about a model, and nothing more.
+sampler.py, policy.py and train.py need to know about a model. In order:
 
-  * loading a real pipeline, or one with random weights built from configs (tiny for CPU tests, or SD3.5-M's /
-    FLUX.1-dev's real shapes for GPU smoke tests and bench.py), with the same diffusers / transformers classes,
+  * loading a real pipeline, or one with random weights built here from configs (section 1: tiny ones for the CPU
+    tests, and SD3.5-M's / FLUX.1-dev's real shapes for GPU smoke tests and bench.py), with the same diffusers /
+    transformers classes,
   * the latent shape (FLUX packs 2x2 patches of its 16-channel latents into tokens) and decoding with the VAE,
   * the T-step sigma grid of the pipeline's own scheduler (SD3's static shift, FLUX's resolution-dependent one),
   * prompt encoding and the guided velocity v(x, sigma, c) (SD3's true classifier-free guidance, FLUX's guidance
-    embedding), counting every network evaluation.
+    embedding), counting every network evaluation,
+  * the transformer compiled for calls of a fixed size (--compile).
 
 `is_flux(pipe or transformer)` is the switch (docs/method.md, 'FLUX.1-dev'); from the velocity on, the sampler
 (steps, rollouts, completions), credit assignment, GRPO and the training loop are shared.
 
 Run: `python -m pytest tests/test_sampler.py tests/test_flux.py`.
 
-Shape legend: n images in a call, C/h/w latent channels/height/width (lower case: W is the window length
-elsewhere), H'/W' decoded pixels, L text tokens, D text width, P pooled width. A latent is (C, h, w) for SD3 and
-FLUX's packed tokens (h/2 * w/2, 4C) for FLUX.
+Shape legend: n images in a call, C/h/w latent channels/height/width, H'/W' decoded pixels, L text tokens, D text
+width, P pooled width. A latent is (C, h, w) for SD3 and FLUX's packed tokens (h/2 * w/2, 4C) for FLUX.
 """
 
 from __future__ import annotations

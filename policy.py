@@ -9,14 +9,15 @@ LoRA settings are the demo code's (docs/method.md, 'SD3.5-Medium hyperparameters
 Used by train.py (the training loop), bench.py (a timed training step) and toymodel.py (the EMA of pretraining);
 tested through `python -m pytest tests/test_train.py tests/test_grpo.py`.
 
-Shape legend: b rows of a training micro-batch, C/h/w latent channels/height/width (lower case: W is the window
-length elsewhere).
+Shape legend: b rows of a training micro-batch, C/h/w latent channels/height/width.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import safetensors.torch
 import torch
@@ -39,7 +40,9 @@ def add_lora(transformer, rank: int, alpha: int, targets: list[str]):
                                        target_modules=targets))
     for p in transformer.parameters():
         if p.requires_grad:
-            p.data = p.data.float()  # trainable weights in float32 even when the frozen base is bf16
+            # trainable weights in float32 even when the frozen base is bf16 (under DeepSpeed the engine casts them to
+            # bf16 again, keeping float32 master copies in the optimizer)
+            p.data = p.data.float()
     return transformer
 
 
@@ -59,12 +62,13 @@ class EMA:
     @torch.no_grad()
     def step(self):
         """Call once after every optimizer step."""
-        # DEVIATION: the demo code (as Flow-GRPO's train_sd3.py) calls ema.step after every training micro-batch
-        # with its optimizer-step counter, already incremented by the step just taken: with its 2 micro-batches per
-        # optimizer step (SD3.5-M on 32 GPUs) the shadow moves twice at each qualifying step, one step earlier. After
-        # 80 optimizer steps its shadow holds ~0.5% of the initial weights, ours 7% (0.9 every 8 steps: 35%). We
-        # update once per optimizer step, because an average over optimizer steps should not depend on how a step
-        # is split into micro-batches.
+        # DEVIATION: the demo code (as Flow-GRPO) calls ema.step(params, global_step) after every training
+        # micro-batch, and the micro-batch that ends an optimizer step has already advanced the counter: each
+        # counter value is seen once per micro-batch of an optimizer step, 2 times in its SD3.5-M configs and 6 in
+        # its FLUX.1-dev ones, and the first move comes after 7 optimizer steps, not 8. After 80 optimizer steps the
+        # initial weights keep ~0.5% (SD3.5-M) or ~1e-7 (FLUX.1-dev) of the demo's average, 7% of ours. We move it
+        # once per optimizer step, because an average over optimizer steps should not depend on how a step is split
+        # into micro-batches.
         s = self.steps  # the index of the optimizer step just taken
         self.steps += 1
         if self.decay > 0 and (s + 1) % self.every == 0:
@@ -106,26 +110,40 @@ def reference_policy(transformer):
         transformer.enable_adapters()
 
 
-def window_step_loss(policy, reference, x, x_next, t, cond, sigma, sigma_next, logp_old, adv, cfg, mask=None,
-                     autocast=contextlib.nullcontext):
-    """Section 5's work for one window step of a micro-batch of b rows: log p_theta of the stored next states
-    x_next (b, C, h, w) under `policy` (with grad), the reference policy's step mean when beta > 0 (`reference()`
-    is a context manager yielding the reference model), and grpo.grpo_loss. `cfg` is a config.Config (guidance,
-    sampler, noise_level, clip_range, beta). Returns (loss, stats, log_prob (b,)).
-    """
-    with autocast():  # bf16 base weights with float32 LoRA weights
-        v = models.velocity(policy, x, t, cond, cfg.guidance)  # (b, C, h, w), with grad
-    # log p_theta of the STORED next sample under the current policy (docs/method.md, 'The clipped loss')
-    out = S.sde_step(x, v, sigma, sigma_next, cfg.noise_level, cfg.sampler, next_sample=x_next)
-    ref_mean = None
-    if cfg.beta > 0:
-        with torch.no_grad(), reference() as ref, autocast():
-            v_ref = models.velocity(ref, x, t, cond, cfg.guidance)  # (b, C, h, w)
-        ref_mean = S.sde_step(x, v_ref, sigma, sigma_next, cfg.noise_level, cfg.sampler,
-                              next_sample=x_next).mean  # (b, C, h, w)
-    loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, out.mean, ref_mean, out.std_kl, cfg.clip_range,
-                                 cfg.beta, mask=mask)
-    return loss, stats, out.log_prob
+@dataclass(frozen=True)
+class WindowStepLoss:
+    """Sec. 5's loss of one window step, with the run's settings bound once (train.setup): the policy's stochastic
+    step (sampler, noise level a, CFG scale w), the ratio clip eps, the KL weight beta and its reference policy.
+    Called on a micro-batch of b stored transitions x -> x_next (b, C, h, w) at one grid index."""
+
+    reference: Callable  # () -> a context manager yielding the KL's reference model (reference_policy)
+    sampler: str  # "sde" | "cps" (sampler.stochastic_step)
+    noise_level: float  # a
+    guidance: float  # w (<= 1: no CFG)
+    clip_range: float  # eps
+    beta: float  # the KL weight (0: no reference pass)
+    autocast: Callable = contextlib.nullcontext  # bf16 base, float32 LoRA (under DeepSpeed: no autocast, all bf16)
+
+    def __call__(self, policy, x, x_next, t, cond, sigma, sigma_next, logp_old, adv, mask=None):
+        """log pi_theta of the stored x_next under `policy` (with grad), the reference's step mean when beta > 0,
+        and grpo.grpo_loss. t (b,), cond: the b rows' prompts, sigma / sigma_next the step's grid values,
+        logp_old / adv (b,), mask (b,) bool or None. Returns (loss, stats, log_prob (b,))."""
+        # log pi_theta(x_next | x): the STORED next sample under the current policy (docs/method.md, 'The clipped
+        # loss')
+        out = self.step(policy, x, x_next, t, cond, sigma, sigma_next)
+        ref_mean = None
+        if self.beta > 0:
+            with torch.no_grad(), self.reference() as ref:
+                ref_mean = self.step(ref, x, x_next, t, cond, sigma, sigma_next).mean  # (b, C, h, w)
+        loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, out.mean, ref_mean, out.std_kl, self.clip_range,
+                                     self.beta, mask=mask)
+        return loss, stats, out.log_prob
+
+    def step(self, model, x, x_next, t, cond, sigma, sigma_next) -> S.StepOut:
+        """`model`'s stochastic step from x, evaluated at the given x_next."""
+        with self.autocast():
+            v = models.velocity(model, x, t, cond, self.guidance)  # (b, C, h, w)
+        return S.stochastic_step(x, v, sigma, sigma_next, self.noise_level, self.sampler, next_sample=x_next)
 
 
 def lora_state_dict(transformer) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ tensor and keeps its models resident. Rewards:
 |-------------------------|----------------------------------------------------|--------------------------|
 | pickscore               | PickScore_v1 (CLIP-H): logit_scale * cos(img, txt) | score / 26 (Flow-GRPO)   |
 | ocr                     | rapidocr PP-OCR (ONNX, bundled in the wheel)       | 1 - d / n (Flow-GRPO)    |
-| ocr_demo                | same, n counting spaces (the demo code, paper)     | 1 - d / n_spaces         |
+| ocr_demo                | same, n counting spaces (demo code's ocr.py)       | 1 - d / n_spaces         |
 | geneval                 | Mask2Former (COCO instances) + CLIP-L/14 colours   | partial credit           |
 | aesthetic               | LAION aesthetic predictor v2 on CLIP-L/14          | predicted rating (1-10)  |
 | jpeg_compressibility    | JPEG size at quality 95 (DDPO)                     | -kilobytes               |
@@ -175,16 +175,17 @@ def load_pickscore(device, batch_size=16, model_paths=None, **_):
 
 # ----------------------------------------------------------------------------------------------------------------
 # OCR: Flow-GRPO's OcrScorer (flow_grpo/ocr.py): the target inside the recognized text scores 1, otherwise
-# 1 - min(edit distance, n) / n; `ocr_demo` is the TurningPoint-GRPO demo code's denominator.
+# 1 - min(edit distance, n) / n; `ocr_demo` is the denominator of the demo code's flow_grpo/ocr.py.
 # ----------------------------------------------------------------------------------------------------------------
 
 OCR_DENOMINATORS = ("flow-grpo", "demo")
 
 
 def ocr_target(prompt):
-    """Text between the first pair of double quotes; the whole prompt if it has none (as Flow-GRPO's OcrScorer)."""
-    # DEVIATION: with a single, unpaired quote the demo code takes the text after it; we take the whole prompt,
-    # because an unpaired quote marks no text to render (the official prompt sets always pair them)
+    """Text between the first pair of double quotes; the whole prompt if it has none (as the demo code's
+    flow_grpo/ocr.py; Flow-GRPO's OcrScorer fails on such a prompt)."""
+    # DEVIATION: with a single, unpaired quote both upstream scorers take the text after it; we take the whole
+    # prompt, because an unpaired quote marks no text to render (the official prompt sets always pair them)
     parts = prompt.split('"')
     return parts[1] if len(parts) >= 3 else prompt
 
@@ -195,8 +196,9 @@ def ocr_reward(recognized, target, denominator="flow-grpo"):
         d = 0 if t occurs inside r, else min(Levenshtein(r, t), len(t));   reward = 1 - d / n
 
     with n = len(t), the target's length without spaces ("flow-grpo"), or n = the target's length WITH spaces
-    ("demo": the TurningPoint-GRPO demo code's flow_grpo/ocr.py, where the paper's OCR numbers come from; there a
-    blank image scores 1 - len(t) / n > 0 for a target with spaces). An empty target scores 1 (nothing to render).
+    ("demo": the TurningPoint-GRPO demo code's flow_grpo/ocr.py; its reward function imports a module missing from
+    its repository, flow_grpo.ocr_mine, so which n the paper's OCR numbers use is not known; with "demo" a blank
+    image scores 1 - len(t) / n > 0 for a target with spaces). An empty target scores 1 (nothing to render).
     """
     if denominator not in OCR_DENOMINATORS:
         raise ValueError(f"unknown OCR denominator '{denominator}'; use one of {OCR_DENOMINATORS}")
@@ -428,7 +430,7 @@ def load_geneval(device, batch_size=16, model_paths=None, **_):
 REWARD_LOADERS = {
     "pickscore": load_pickscore,
     "ocr": load_ocr,
-    "ocr_demo": functools.partial(load_ocr, denominator="demo"),  # the paper's OCR numbers (ocr_reward)
+    "ocr_demo": functools.partial(load_ocr, denominator="demo"),  # the demo code's ocr.py (ocr_reward)
     "geneval": load_geneval,
     "aesthetic": load_aesthetic,
     "jpeg_compressibility": load_jpeg_compressibility,

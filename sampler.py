@@ -4,8 +4,8 @@ Implements paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewa
 'Flow matching and the Euler ODE step' to 'The batched wavefront'), written once for both of the paper's models
 (models.py holds what differs between SD3.5-Medium and FLUX.1-dev: loading, the grid, the velocity, decoding):
 
-  * the Euler ODE step and the two stochastic steps ("sde" = Flow-GRPO's reverse SDE, "cps" =
-    coefficients-preserving sampling) with their log-probabilities and the std used by the KL term,
+  * the Euler ODE step and the two stochastic steps (`sde_step`: Flow-GRPO's reverse SDE; `cps_step`:
+    coefficients-preserving sampling) with what the PPO ratio is formed from and the std used by the KL term,
   * per-trajectory seeds: every trajectory is replayable from (seed, iteration, prompt, member),
   * a rollout of B prompts x G members whose steps w0 .. w0+W-1 are stochastic (the "SDE window"),
   * the ODE completions R(s_k) needs: every window state s_k is finished with the Euler ODE on the rest of the
@@ -18,9 +18,9 @@ Implements paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewa
 Run `python bench.py` to count and time it; `python -m pytest tests/test_sampler.py` to check it.
 
 Shape legend: B prompts, G group size, N = B*G trajectories (or any batch of them), T steps, W window length,
-C/h/w latent channels/height/width (lower case, so that W only ever means the window
-length), H'/W' decoded pixels. A latent is (C, h, w) for SD3 and FLUX's packed tokens (h/2 * w/2, 4C) for FLUX:
-the code below is written once for both and its comments use the SD3 form.
+C/h/w latent channels/height/width (docs/method.md, 'Notation'), H'/W' decoded pixels. A latent is (C, h, w) for
+SD3 and FLUX's packed tokens (h/2 * w/2, 4C) for FLUX: the code below is written once for both and its comments
+use the SD3 form.
 """
 
 from __future__ import annotations
@@ -56,59 +56,67 @@ def ode_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next) -> torch.Tenso
 @dataclass
 class StepOut:
     next: torch.Tensor  # (n, C, h, w) x' (the given one when evaluating a stored sample)
-    log_prob: torch.Tensor  # (n,) log p(x' | x), mean over non-batch dims
+    # (n,) what the PPO ratio is formed from, exp(log_prob - log_prob_old): log p(x' | x), mean over non-batch dims,
+    # for "sde"; the demo code's stand-in for it, -mean((x' - mean)^2), for "cps" (cps_step)
+    log_prob: torch.Tensor
     mean: torch.Tensor  # (n, C, h, w) mean of p(. | x)
     std_kl: torch.Tensor  # (n,) what the KL term divides by (docs/method.md, 'The KL to the reference policy')
 
 
-def sde_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, kind: str = "cps",
-             noise: torch.Tensor | None = None, next_sample: torch.Tensor | None = None) -> StepOut:
-    """A stochastic step from sigma to sigma' < sigma, or the log-prob of a GIVEN next sample (training).
-
-    Exactly one of `noise` (eps ~ N(0, I), (n, C, h, w)) and `next_sample` (a stored x') is given. With
-    noise_level a = 0 both samplers are the Euler ODE step. Everything is float32: bf16/fp16 overflow in the mean.
+def stochastic_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, kind: str = "cps",
+                    noise: torch.Tensor | None = None, next_sample: torch.Tensor | None = None) -> StepOut:
+    """The SDE window's step from sigma to sigma' < sigma: `kind` "sde" (sde_step) or "cps" (cps_step). Samples x'
+    with `noise` (eps ~ N(0, I), (n, C, h, w)), or scores a stored `next_sample` x' (training): exactly one of the
+    two. With noise_level a = 0 both are the Euler ODE step. Everything is float32: bf16/fp16 overflow in the mean.
     """
     if kind not in SAMPLERS:
         raise ValueError(f"unknown sampler '{kind}'; use one of {SAMPLERS}")
     if (noise is None) == (next_sample is None):
         raise ValueError("pass exactly one of noise= (to sample) and next_sample= (to score a stored sample)")
     x, v = x.float(), v.float()
-    s, s_next = _per_sample(sigma, x), _per_sample(sigma_next, x)  # (n, 1, 1, 1) each
-    dims = tuple(range(1, x.dim()))
+    step = sde_step if kind == "sde" else cps_step
+    return step(x, v, _per_sample(sigma, x), _per_sample(sigma_next, x), noise_level, noise, next_sample)
 
-    if kind == "sde":
-        # "sde" (Flow-GRPO, Euler-Maruyama on the reverse SDE; docs/method.md, 'The sde step'): dt = sigma' - sigma < 0
-        dt = s_next - s
-        # std = a sqrt(sigma / (1 - sigma)); at sigma = 1 the denominator uses 1 - sigma_1 (= 1 - sigma' there)
-        std = noise_level * torch.sqrt(s / torch.where(s == 1, 1 - s_next, 1 - s))  # (n, 1, 1, 1)
-        # mean = x (1 + std^2 dt / (2 sigma)) + v (1 + std^2 (1 - sigma) / (2 sigma)) dt
-        mean = x * (1 + std**2 * dt / (2 * s)) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt  # (n, C, h, w)
-        # x' = mean + std sqrt(-dt) eps: the transition's actual standard deviation
-        scale = std * torch.sqrt(-dt)  # (n, 1, 1, 1)
-        x_next = mean + scale * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
-        # log N(x'; mean, scale^2) = -(x' - mean)^2 / (2 scale^2) - log scale - log sqrt(2 pi), mean over dims.
-        # A deterministic step (scale = 0) gets log-prob 0: ratio 1, no gradient, never NaN.
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        log_density = -((x_next - mean) ** 2) / (2 * safe**2) - torch.log(safe) - 0.5 * math.log(2 * math.pi)
-        log_prob = torch.where(scale > 0, log_density, torch.zeros_like(log_density)).mean(dims)  # (n,)
-        # KL std: `std` WITHOUT sqrt(-dt), as the demo code divides by (beta was tuned to it). The exact Gaussian
-        # KL between the two transitions would divide by scale^2 = std^2 (-dt): ours is that KL times (-dt).
-        std_kl = std.flatten()  # (n,)
-    else:
-        # "cps" (coefficients-preserving sampling; docs/method.md, 'The cps step'): predicted clean image and noise
-        x0_hat = x - s * v  # (n, C, h, w)
-        x1_hat = x + (1 - s) * v  # (n, C, h, w)
-        # s = sigma' sin(a pi / 2): the injected noise; the predicted noise keeps the rest of sigma'^2
-        noise_std = s_next * math.sin(noise_level * math.pi / 2)  # (n, 1, 1, 1)
-        # mean = (1 - sigma') x0_hat + sqrt(sigma'^2 - s^2) x1_hat
-        mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - noise_std**2).clamp_min(0)) * x1_hat  # (n, C, h, w)
-        x_next = mean + noise_std * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
-        # log p := -mean((x' - mean)^2): the demo code drops the constants AND the 1/(2 s^2) factor, and its ratio
-        # clip range (1e-5) was tuned for this scale, so we keep it (docs/method.md, 'The cps step'). Only
-        # differences of it are used.
-        log_prob = -((x_next - mean) ** 2).mean(dims)  # (n,)
-        std_kl = noise_std.flatten()  # (n,) exact per-step noise std; 0 on the last step (sigma' = 0)
-    return StepOut(x_next, log_prob, mean, std_kl)
+
+def sde_step(x, v, s, s_next, noise_level, noise, next_sample) -> StepOut:
+    """Flow-GRPO's step, Euler-Maruyama on the reverse SDE (docs/method.md, 'The sde step'). x, v (n, C, h, w)
+    float32; s, s_next: sigma and sigma' as (n, 1, 1, 1); `noise` or `next_sample` as in stochastic_step."""
+    # dt = sigma' - sigma < 0
+    dt = s_next - s
+    # std = a sqrt(sigma / (1 - sigma)); at sigma = 1 the denominator uses 1 - sigma_1 (= 1 - sigma' there)
+    std = noise_level * torch.sqrt(s / torch.where(s == 1, 1 - s_next, 1 - s))  # (n, 1, 1, 1)
+    # mean = x (1 + std^2 dt / (2 sigma)) + v (1 + std^2 (1 - sigma) / (2 sigma)) dt
+    mean = x * (1 + std**2 * dt / (2 * s)) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt  # (n, C, h, w)
+    # x' = mean + std sqrt(-dt) eps: the transition's actual standard deviation
+    scale = std * torch.sqrt(-dt)  # (n, 1, 1, 1)
+    x_next = mean + scale * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
+    # log N(x'; mean, scale^2) = -(x' - mean)^2 / (2 scale^2) - log scale - log sqrt(2 pi), mean over dims.
+    # A deterministic step (scale = 0) gets log-prob 0: ratio 1, no gradient, never NaN.
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    log_density = -((x_next - mean) ** 2) / (2 * safe**2) - torch.log(safe) - 0.5 * math.log(2 * math.pi)
+    log_prob = torch.where(scale > 0, log_density, torch.zeros_like(log_density)).mean(tuple(range(1, x.dim())))
+    # the KL divides by std, not scale = std sqrt(-dt), as the demo code (docs/method.md, 'The KL to the reference
+    # policy')
+    return StepOut(x_next, log_prob, mean, std.flatten())  # log_prob, std_kl (n,)
+
+
+def cps_step(x, v, s, s_next, noise_level, noise, next_sample) -> StepOut:
+    """Coefficients-preserving sampling (docs/method.md, 'The cps step'). Arguments as sde_step."""
+    # predicted clean image and noise: x0_hat = x - sigma v, x1_hat = x + (1 - sigma) v
+    x0_hat = x - s * v  # (n, C, h, w)
+    x1_hat = x + (1 - s) * v  # (n, C, h, w)
+    # s_a = sigma' sin(a pi / 2): the injected noise; the predicted noise keeps the rest of sigma'^2
+    noise_std = s_next * math.sin(noise_level * math.pi / 2)  # (n, 1, 1, 1)
+    # mean = (1 - sigma') x0_hat + sqrt(sigma'^2 - s_a^2) x1_hat
+    mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - noise_std**2).clamp_min(0)) * x1_hat  # (n, C, h, w)
+    # x' = mean + s_a eps
+    x_next = mean + noise_std * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
+    # The demo code's stand-in for log p: -mean((x' - mean)^2) = 2 s_a^2 (log N(x'; mean, s_a^2) + const), mean over
+    # dims; its ratio exp(difference) is the true ratio to the power 2 s_a^2, and the demo's ratio clip (1e-5) was
+    # tuned to it, so we keep it (docs/method.md, 'The cps step')
+    neg_sq_dist = -((x_next - mean) ** 2).mean(tuple(range(1, x.dim())))  # (n,)
+    # the KL divides by the exact per-step noise std s_a (0 on the last step, sigma' = 0)
+    return StepOut(x_next, neg_sq_dist, mean, noise_std.flatten())  # log_prob, std_kl (n,)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -197,8 +205,8 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
                 # The wavefront's first saving: ODE-complete(s_k) starts with v(s_k, sigma_{w0+k}), which is v:
                 # reuse it.
                 branches = torch.cat([branches, ode_step(x, v, sigmas[i], sigmas[i + 1])])  # (n*(live+1), C, h, w)
-            out = sde_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
-                           noise=draw_noise(generators, x.shape[1:], x.device))
+            out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
+                                  noise=draw_noise(generators, x.shape[1:], x.device))
             x = out.next  # (n, C, h, w)
             log_probs.append(out.log_prob)
         else:
@@ -207,7 +215,12 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
             states.append(x)  # s_W
     completions = None
     if complete:
-        # branches hold ODE-complete(s_0) .. ODE-complete(s_{W-1}) in blocks of n; s_W's completion is the rollout.
+        # branches hold ODE-complete(s_0) .. ODE-complete(s_{W-1}) in blocks of n, in the order the window started
+        # them; s_W's completion is the rollout itself. For n = 2 trajectories (a, b) and W = 3:
+        #   branches row        0      1      2      3      4      5
+        #   completion of      a s_0  b s_0  a s_1  b s_1  a s_2  b s_2
+        #   reshape(W, n)      [k][j]: block k, trajectory j
+        #   transpose(0, 1)    [j][k]: trajectory j's completions in window order; then append x (= s_W's)
         completions = torch.cat([branches.reshape(window, n, *x.shape[1:]).transpose(0, 1), x[:, None]], 1)
         # (n, W+1, C, h, w)
     return Rollout(sigmas, timesteps, w0, window, x_T.float(), torch.stack(states, 1), torch.stack(log_probs, 1),

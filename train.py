@@ -1,7 +1,9 @@
-"""TP-GRPO (and Flow-GRPO, and the incremental-only ablation) for SD3 with LoRA: the paper's training algorithm.
+"""TP-GRPO (and Flow-GRPO, and the incremental-only ablation) for SD3.5-Medium and FLUX.1-dev, with LoRA or full
+fine-tuning: the paper's training algorithm.
 
 Implements Algorithm 1 of arXiv 2602.06422 (docs/method.md, 'Rollout with an SDE window' to 'The clipped loss').
-`main` is the algorithm; each step is a function below with its paper reference:
+Read it top-down: `main` is the algorithm, then come `setup` and the steps of one iteration in the order they run,
+each a function with its paper reference, then logging, evaluation and checkpoints, then small helpers:
 
   setup            processes, the B x G layout, the pipeline + LoRA (policy.py), optimizer, EMA, rewards, prompts
   per iteration:
@@ -9,15 +11,13 @@ Implements Algorithm 1 of arXiv 2602.06422 (docs/method.md, 'Rollout with an SDE
                    spread over the processes), stochastic only inside the SDE window (sampler.rollout), and for
                    TP-GRPO / incremental ODE-completes every window state in the same batched calls (Sec. 4.1;
                    docs/method.md, 'The batched wavefront');
-  2. score         decode and score every completion: R (n, W+1), column W = R_sde (Flow-GRPO: R_sde only);
+  2. score         decode and score every completion: R_k = R(ODE-complete(s_k)), R (n, W+1), column W = R_sde
+                   (Flow-GRPO: R_sde only);
   3. assign_credit gather R over processes; per-step rewards with turning points (turning_points.step_rewards,
                    Sec. 4-5) and per-timestep advantages (grpo.py, Sec. 4.3);
   4. update_policy clipped surrogate + KL to the adapter-disabled model on the window steps, gradients accumulated
                    over the W steps and micro-batches, `updates_per_iter` optimizer steps, EMA after each;
-  5. log, evaluate_policy, save_checkpoint.
-
-The file is a little over 500 lines because it holds every step of the algorithm in reading order, each a
-function with its paper reference; `main` itself is short enough to hold in one's head.
+  5. iteration_log, evaluate_policy, save_checkpoint.
 
 Run:
   python train.py --task tiny                                # CPU, the toy world (toyworld.py), a few minutes
@@ -28,7 +28,7 @@ Run:
 
 Shape legend: B prompts per iteration, G group size, N = B*G trajectories (all processes), n = N / processes
 (this process), b a sampling or training micro-batch, T steps, W window steps, C/h/w latent
-channels/height/width (lower case: W is the window length), H'/W' decoded pixels.
+channels/height/width, H'/W' decoded pixels (docs/method.md, 'Notation').
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import toyworld
 import turning_points as tp
 from checkpoint import Progress, find_checkpoint, load_checkpoint, register_trainable_only_hooks, save_checkpoint
 from config import Config
-from policy import EMA, add_lora, reference_policy, window_step_loss
+from policy import EMA, WindowStepLoss, add_lora, reference_policy
 
 
 # ================================================================================================================
@@ -72,13 +72,14 @@ class Run:
     cfg: Config
     accelerator: Accelerator
     pipe: object  # the diffusers pipeline (text encoders, VAE, scheduler); pipe.transformer is `policy`
-    policy: torch.nn.Module  # the transformer with LoRA, unwrapped: sampling, evaluation, the reference pass
-    sampling_policy: object  # what sampling and evaluation call: `policy`, or with --compile its compiled form
-    transformer: torch.nn.Module  # the same model as accelerate prepared it (DDP): the training forward/backward
+    # Three handles on the one trained transformer:
+    policy: torch.nn.Module  # the transformer with LoRA, unwrapped: the reference pass, evaluation, saving
+    sampling_policy: object  # what rollouts and evaluation call: `policy`, or with --compile its compiled form
+    ddp_policy: torch.nn.Module  # `policy` as accelerate prepared it (DDP / DeepSpeed): training forward/backward
+    step_loss: WindowStepLoss  # Sec. 5's per-step loss with the run's sampler, clip, KL weight and reference
     optimizer: torch.optim.Optimizer
     params: list[torch.nn.Parameter]  # the trainable weights (LoRA)
     ema: EMA | None
-    reference: object  # () -> a context manager yielding the KL's reference model
     reward_fn: object  # rewards.load_rewards: (images, prompts, metadata) -> (total (M,), {name: (M,)})
     train_set: tuple[list[str], list[dict]]  # (prompts, metadata)
     eval_set: tuple[list[str], list[dict]]
@@ -103,6 +104,61 @@ class Samples:
     prompts: list[str]  # (n,) this process's trajectories' prompts
     metadata: list[dict]  # (n,)
     nfe: int  # transformer evaluations spent on this process (images x steps)
+
+
+# ================================================================================================================
+# The algorithm
+# ================================================================================================================
+
+
+def main(cfg: Config) -> dict:
+    """Algorithm 1: set up, evaluate the base model, then per iteration sample, score, assign credit, update the
+    policy, log, evaluate and save. Returns {"summaries": {tag: evaluation}, "policy": the trained transformer,
+    "checksums": every process's weight fingerprint}."""
+    started = time.perf_counter()
+    run = setup(cfg)
+    acc, main_proc = run.accelerator, run.accelerator.is_main_process
+    history_path = os.path.join(cfg.output_dir, "metrics.jsonl")
+    summaries = {}  # evaluation summaries by tag ("before", "after")
+    if run.progress.iteration == 0:
+        summaries["before"] = evaluate_policy(run, "before", toyworld.shipped_heldout_values(cfg))
+        acc.print("eval before: " + evaluate.format_summary(summaries["before"]))
+        if main_proc and os.path.exists(history_path):
+            os.remove(history_path)
+
+    bar = tqdm(range(run.progress.iteration, cfg.iterations), disable=not main_proc, desc="iterations")
+    for it in bar:
+        t0 = time.perf_counter()
+        samples = sample(run, it)  # 1. B x G trajectories, SDE window, completions
+        t1 = time.perf_counter()
+        R_mine, finals = score(run, samples)  # 2. R (n, W+1): one reward per completion
+        nfe = int(acc.gather(torch.tensor([samples.nfe], device=acc.device)).sum())
+        t2 = time.perf_counter()
+        # 3. per-step rewards with turning points, per-timestep advantages
+        R_all, kept, detected, adv = assign_credit(acc, R_mine, run.mine, cfg)
+        t3 = time.perf_counter()
+        train_stats = update_policy(run, samples, adv, it)  # 4. clipped surrogate + KL, optimizer steps, EMA
+        timer = {"sample": t1 - t0, "reward": t2 - t1, "train": time.perf_counter() - t3}
+        run.progress.iteration = it + 1
+        del samples
+
+        # 5. log, evaluate, save
+        log = iteration_log(run, R_all, kept, detected, finals, train_stats, nfe, timer)
+        if cfg.eval_every and run.progress.iteration % cfg.eval_every == 0 and run.progress.iteration < cfg.iterations:
+            log.update(evaluate_policy(run, f"iter{run.progress.iteration:06d}"))
+        if run.progress.iteration == cfg.iterations:
+            summaries["after"] = evaluate_policy(run, "after")
+            log.update(summaries["after"])
+        log["time/elapsed_s"] = time.perf_counter() - started  # wall time of this call so far, evaluations included
+        acc.log(log, step=run.progress.iteration)
+        if main_proc:
+            bar.set_postfix(reward=f"{log['reward/mean']:.3f}", loss=f"{log['train/loss']:.3g}")
+            with open(history_path, "a") as f:
+                f.write(json.dumps({"iteration": run.progress.iteration, **log}) + "\n")
+        done = run.progress.iteration
+        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.iterations:
+            save_checkpoint(acc, run.policy, run.ema, run.progress, cfg)
+    return {"summaries": summaries, "policy": run.policy, "checksums": finish(run, summaries, history_path)}
 
 
 # ================================================================================================================
@@ -132,10 +188,14 @@ def setup(cfg: Config) -> Run:
     resume_from = find_checkpoint(cfg) if cfg.resume else ""
     try:
         train_set, eval_set = config.load_prompt_set(cfg.prompts), config.load_prompt_set(cfg.eval_prompts)
-        # DEVIATION: the demo code keeps the transformer's weights in float32 and computes under fp16 autocast
-        # (accelerate's prepared forward); we store the frozen base in the autocast dtype (bf16 by default), because
-        # that halves the weights' memory and bf16 cannot overflow where fp16 can. The VAE decodes in float32 and
-        # the timestep enters the transformer in float32 in both (models.load_pipeline, models.velocity).
+        # DEVIATION: the demo code launches DeepSpeed ZeRO-2, which holds the whole transformer, LoRA included, in
+        # fp16 (SD3.5-M) or bf16 (FLUX.1-dev) with float32 master copies in the optimizer and no autocast; its
+        # sampler rounds the latents to that dtype after every step and feeds SD3 fp16 timesteps (float32 in
+        # training). We store the frozen base in the autocast dtype (bf16 by default: it cannot overflow where fp16
+        # can), train float32 LoRA weights under autocast, and keep latents float32 and one timestep dtype in both
+        # passes, so that training recomputes the sampling pass's velocities exactly (train/first_ratio_dev). Under
+        # configs/deepspeed_zero2.yaml DeepSpeed casts our LoRA weights to bf16 as well. The VAE decodes in float32
+        # in both (docs/method.md, 'SD3.5-Medium hyperparameters').
         weight_dtype = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision]
         pipe = models.load_pipeline(cfg.model, weight_dtype, accelerator.device)
         reward_fn = rewards.load_rewards(config.parse_weights(cfg.rewards), accelerator.device,
@@ -152,14 +212,18 @@ def setup(cfg: Config) -> Run:
                                   weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
     ema = EMA(params, cfg.ema_decay, cfg.ema_every) if cfg.ema_decay > 0 else None
     register_trainable_only_hooks(accelerator)
-    transformer, optimizer = accelerator.prepare(transformer, optimizer)
-    policy = accelerator.unwrap_model(transformer)  # sampling and the reference pass need no DDP sync
+    ddp_policy, optimizer = accelerator.prepare(transformer, optimizer)
+    policy = accelerator.unwrap_model(ddp_policy)  # sampling and the reference pass need no DDP sync
     reference = (lambda: reference_policy(policy)) if ref_model is None else (lambda: contextlib.nullcontext(ref_model))
+    step_loss = WindowStepLoss(reference, cfg.sampler, cfg.noise_level, cfg.guidance, cfg.clip_range, cfg.beta,
+                               accelerator.autocast)
     shape = models.latent_shape(pipe, cfg.resolution)
     # (T+1,), (T,); FLUX's shift depends on the image size, so the grid needs the latent shape
     sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)
-    run = Run(cfg, accelerator, pipe, policy, compiled_policy(policy, cfg) if cfg.compile else policy, transformer,
-              optimizer, params, ema, reference, reward_fn, train_set, eval_set, sigmas, timesteps, shape,
+    run = Run(cfg=cfg, accelerator=accelerator, pipe=pipe, policy=policy,
+              sampling_policy=compiled_policy(policy, cfg) if cfg.compile else policy, ddp_policy=ddp_policy,
+              step_loss=step_loss, optimizer=optimizer, params=params, ema=ema, reward_fn=reward_fn,
+              train_set=train_set, eval_set=eval_set, sigmas=sigmas, timesteps=timesteps, shape=shape,
               mine=torch.arange(accelerator.process_index, N, P))  # (n,)
     if resume_from:
         load_checkpoint(accelerator, ema, run.progress, resume_from)
@@ -177,55 +241,6 @@ def compiled_policy(policy, cfg: Config) -> models.CompiledTransformer:
     batches are padded to it. One graph then serves the run (the README's compile section)."""
     cfg_pair = 2 if cfg.guidance > 1 and not models.is_flux(policy) else 1
     return models.CompiledTransformer(policy, cfg.compile_rows or cfg.sample_batch * cfg_pair, cfg.compile_backend)
-
-
-# ================================================================================================================
-# Helpers of the steps
-# ================================================================================================================
-
-
-def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.Tensor:
-    """B prompt indices for this iteration, the same on every process (without replacement when possible)."""
-    g = torch.Generator().manual_seed(S.member_seed(seed, iteration, -1, 0))
-    if B <= num_prompts:
-        return torch.randperm(num_prompts, generator=g)[:B]  # (B,)
-    return torch.randint(num_prompts, (B,), generator=g)  # (B,)
-
-
-def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Tensor:
-    """`order` (n,) rearranged so that the kept rows are spread evenly over its micro-batches of `batch` rows.
-
-    Flow-GRPO re-batches the kept samples into equal micro-batches; masking instead (every process must keep the
-    same number of backward passes for DDP) would leave it to chance how many counted rows a micro-batch has,
-    i.e. how much each of them weighs. Micro-batch m takes the next floor or ceil(K / M) kept rows (K kept, M
-    micro-batches) in `order`'s order, then dropped rows fill it up; with every row kept, `order` is unchanged.
-    """
-    M = order.numel() // batch
-    kept, dropped = order[keep[order]], order[~keep[order]]  # (K,), (n - K,) both in `order`'s order
-    parts, k, d = [], 0, 0
-    for m in range(M):
-        size = kept.numel() // M + (m < kept.numel() % M)
-        parts += [kept[k:k + size], dropped[d:d + batch - size]]
-        k, d = k + size, d + batch - size
-    return torch.cat(parts)  # (n,)
-
-
-def mean_over_processes(accelerator, sums: dict[str, float]) -> dict[str, float]:
-    """{name: sum of value x rows, 'rows': rows} from every process -> {name: mean per row} over all processes."""
-    keys = sorted(sums)
-    total = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64,
-                                            device=accelerator.device), "sum").tolist()
-    rows = max(total[keys.index("rows")], 1.0) if keys else 1.0
-    return {k: v / rows for k, v in zip(keys, total) if k != "rows"}
-
-
-def max_over_processes(accelerator, value: float) -> float:
-    return float(accelerator.gather(torch.tensor([value], device=accelerator.device)).max())
-
-
-def params_checksum(params: list[torch.Tensor]) -> float:
-    """A cheap fingerprint of the trainable weights, to check that every process holds the same model."""
-    return float(sum((p.detach().double() * (i + 1)).sum() for i, p in enumerate(params)))
 
 
 # ================================================================================================================
@@ -255,10 +270,9 @@ def sample(run: Run, it: int) -> Samples:
         cond = models.encode_prompts(run.pipe, prompts[b0:b0 + cfg.sample_batch], cfg.guidance, cfg.max_sequence_length)
         gens = S.make_generators([S.member_seed(cfg.seed, it, j // G, j % G) for j in ids.tolist()])
         x_T = S.draw_noise(gens, run.shape, run.accelerator.device)  # (b, C, h, w)
-        with run.accelerator.autocast():  # bf16 base weights with float32 LoRA weights
+        with run.accelerator.autocast():  # bf16 base, float32 LoRA (under DeepSpeed: no autocast, all bf16)
             ro = S.rollout(run.sampling_policy, cond, x_T, gens, run.sigmas, run.timesteps, w0, W, cfg.noise_level,
-                           cfg.sampler, cfg.guidance, complete=cfg.algo != "flow-grpo",  # Flow-GRPO: final image only
-                           chunk_size=cfg.chunk_size or None)
+                           cfg.sampler, cfg.guidance, complete=cfg.completes, chunk_size=cfg.chunk_size or None)
         nfe += ro.counter.nfe
         batches.append((ro, cond))
     return Samples(batches, w0, prompts, metadata, nfe)
@@ -284,19 +298,6 @@ def score(run: Run, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
     return torch.cat(R).to(run.accelerator.device), finals  # (n, W+1) or (n, 1)
 
 
-def decode_and_score(run: Run, latents: torch.Tensor, prompts: list[str], metadata: list[dict]):
-    """Decode and score latents (M, C, h, w) in chunks of reward_batch: total (M,) and components {name: (M,)}."""
-    totals, parts = [], {}
-    for start in range(0, latents.shape[0], run.cfg.reward_batch):
-        sl = slice(start, start + run.cfg.reward_batch)
-        images = models.decode(run.pipe, latents[sl])  # (m, 3, H', W') in [0, 1]
-        total, comps = run.reward_fn(images, prompts[sl], metadata[sl])
-        totals.append(total.float().cpu())
-        for k, v in comps.items():
-            parts.setdefault(k, []).append(v.float().cpu())
-    return torch.cat(totals), {k: torch.cat(v) for k, v in parts.items()}  # (M,), {name: (M,)}
-
-
 def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Config):
     """Step 3: gather every process's completion rewards, then per-step rewards (Sec. 4-5: turning points,
     aggregated rewards, balancing; docs/method.md, 'Per-step rewards of the three methods') and per-timestep
@@ -304,9 +305,8 @@ def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Co
 
     R_mine (n, W+1) (Flow-GRPO: (n, 1), R_sde only) holds the rewards of this process's trajectories `mine` (n,).
     Every process computes the same (N, W) tensors from the same gathered rewards, so no broadcast is needed, and
-    a group's members may sit on any processes. Returns R_all (N, W+1 or 1), step rewards (N, W), the kept
-    turning points (N, W), the detected ones (N, W) (all False for Flow-GRPO, which has no completions) and this
-    process's advantages (n, W).
+    a group's members may sit on any processes. Returns R_all (N, W+1 or 1), the kept turning points (N, W), the
+    detected ones (N, W) (all False for Flow-GRPO, which has no completions) and this process's advantages (n, W).
     """
     N, W = cfg.prompts_per_iter * cfg.group_size, cfg.window
     device = R_mine.device
@@ -315,21 +315,20 @@ def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Co
     R_all[accelerator.gather(mine.to(device))] = accelerator.gather(R_mine)
     R_all = R_all.cpu()
     group = torch.arange(N) // cfg.group_size  # (N,) prompt group of every trajectory
-    if cfg.algo == "flow-grpo":
-        step_r = R_all[:, -1:].expand(N, W)  # (N, W) the outcome reward on every step
-        kept = detected = torch.zeros(N, W, dtype=torch.bool)  # (N, W)
-        adv = grpo.flow_grpo_advantages(R_all[:, -1], group, W, clip=cfg.adv_clip)  # (N, W)
-    else:
+    if cfg.completes:  # TP-GRPO and the incremental ablation: a reward per step, normalized per step
         step_r, kept, detected = tp.step_rewards(R_all, group, cfg.algo, cfg.tp_rule)  # (N, W) x 3
         adv = grpo.per_timestep_advantages(step_r, group, clip=cfg.adv_clip)  # (N, W)
-    return R_all, step_r, kept, detected, adv[mine].to(device)  # adv (n, W)
+    else:  # Flow-GRPO: the outcome R_sde, normalized once, on every step
+        kept = detected = torch.zeros(N, W, dtype=torch.bool)  # (N, W)
+        adv = grpo.flow_grpo_advantages(R_all[:, -1], group, W, clip=cfg.adv_clip)  # (N, W)
+    return R_all, kept, detected, adv[mine].to(device)  # adv (n, W)
 
 
 def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dict[str, float]:
     """Step 4: the clipped surrogate + beta KL on every window step (Sec. 5; docs/method.md, 'The clipped loss'),
     gradients accumulated over the W steps and the micro-batches of an update, `updates_per_iter` optimizer steps,
-    the EMA after each. adv (n, W) this process's advantages. Returns the iteration's training statistics, means
-    over all processes (the first micro-batch's separately: before any optimizer step it is on-policy, rho = 1).
+    the EMA after each. adv (n, W) this process's advantages. Returns the iteration's training statistics
+    (UpdateStats), means over all processes.
     """
     cfg, acc, W, w0 = run.cfg, run.accelerator, run.cfg.window, samples.w0
     n, rank = adv.shape[0], acc.process_index
@@ -339,47 +338,37 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
     cond = models.Cond.cat([c for _, c in samples.batches])  # n rows
     g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -2, rank))
     order = torch.randperm(n, generator=g)  # (n,) which rows go into which update
-    # Flow-GRPO's filter: a trajectory whose advantage is 0 at every window step has no policy gradient; left in,
-    # it would only dilute its micro-batch's mean (and add its KL term), so it is left out of the loss.
+    # Flow-GRPO's filter: a trajectory whose advantage is 0 at every window step has no policy gradient, so it is
+    # left out of the loss's means (docs/method.md, 'The clipped loss').
     zero_adv = (adv == 0).all(1).cpu()  # (n,)
-    # DEVIATION: Flow-GRPO drops the rows and re-batches the rest (padding the count to a multiple of its
-    # micro-batch count with dropped rows, which then add their KL); we keep the layout and mask them, because
-    # every process must run the same number of backward passes (DDP), so dropped rows still cost compute.
+    # DEVIATION: upstream drops these rows and re-batches the rest into the same number of smaller micro-batches,
+    # padding the kept count with random dropped rows (which then count in the means, with their KL); we mask them,
+    # so that no padding row enters the loss and the micro-batches keep their configured size, at the price of the
+    # masked rows' forward and backward passes. The demo's FLUX baseline and Flow-GRPO's train_flux.py do not
+    # filter; we do for every algorithm (--drop-zero-adv; README, deviations).
     mask = ~zero_adv if cfg.drop_zero_adv else None  # (n,) rows that count, or None: all
     if mask is not None:
-        order = spread_kept(order, mask, cfg.train_batch)
-    stats_sum, first, first_dev, grad_norms = {}, {}, 0.0, []
+        order = grpo.spread_kept(order, mask, cfg.train_batch)
+    log = UpdateStats()
     for mb, rows in enumerate(order.split(cfg.train_batch)):  # an update = micro-batches of one update x W
         counted = rows.numel() if mask is None else int(mask[rows].sum())
+        row_mask = None if mask is None else mask[rows].to(acc.device)  # (b,)
         for k in range(W):
             i = w0 + k  # grid index of window step k+1: s_k -> s_{k+1}
             t = run.timesteps[i].expand(rows.numel())  # (b,)
-            with acc.accumulate(run.transformer):
-                loss, stats, log_prob = window_step_loss(
-                    run.transformer, run.reference, states[rows, k], states[rows, k + 1], t,
-                    cond.rows(rows.to(acc.device)), run.sigmas[i], run.sigmas[i + 1], logp_old[rows, k],
-                    adv[rows, k], cfg, None if mask is None else mask[rows].to(acc.device), acc.autocast)
+            with acc.accumulate(run.ddp_policy):
+                loss, stats, log_prob = run.step_loss(
+                    run.ddp_policy, states[rows, k], states[rows, k + 1], t, cond.rows(rows.to(acc.device)),
+                    run.sigmas[i], run.sigmas[i + 1], logp_old[rows, k], adv[rows, k], row_mask)
                 acc.backward(loss)
                 if acc.sync_gradients:
-                    norm = acc.clip_grad_norm_(run.params, cfg.max_grad_norm)  # DeepSpeed may return None
-                    grad_norms.extend([] if norm is None else [float(norm)])
+                    log.grad_norm(acc.clip_grad_norm_(run.params, cfg.max_grad_norm))
                 run.optimizer.step()
                 run.optimizer.zero_grad(set_to_none=True)
                 if acc.sync_gradients and run.ema is not None:
                     run.ema.step()
-            # statistics weighted by counted rows: the means over every counted (row, step) of the iteration
-            for into in (stats_sum, first) if mb == 0 else (stats_sum,):
-                for key, val in {**stats, "loss": loss.detach(), "rows": 1.0}.items():
-                    into[key] = into.get(key, 0.0) + float(val) * counted
-            if mb == 0:  # max |rho - 1| over all its rows (counted or not): the on-policy check of the numerics
-                rho = torch.exp(log_prob.detach() - logp_old[rows, k])  # (b,)
-                first_dev = max(first_dev, float((rho - 1).abs().max()))
-    out = mean_over_processes(acc, stats_sum)
-    out.update({f"first_{k}": v for k, v in mean_over_processes(acc, first).items()})
-    out["first_ratio_dev"] = max_over_processes(acc, first_dev)
-    out["zero_adv_frac"] = float(acc.reduce(zero_adv.sum().to(acc.device), "sum")) / run.N
-    out["grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-    return out
+            log.add(mb == 0, stats, loss, counted, log_prob, logp_old[rows, k])
+    return log.summary(acc, zero_adv, run.N)
 
 
 # ================================================================================================================
@@ -492,58 +481,80 @@ def finish(run: Run, summaries: dict, history_path: str) -> list[float]:
 
 
 # ================================================================================================================
-# The algorithm
+# Helpers of the steps
 # ================================================================================================================
 
 
-def main(cfg: Config) -> dict:
-    """Algorithm 1: set up, evaluate the base model, then per iteration sample, score, assign credit, update the
-    policy, log, evaluate and save. Returns {"summaries": {tag: evaluation}, "policy": the trained transformer,
-    "checksums": every process's weight fingerprint}."""
-    started = time.perf_counter()
-    run = setup(cfg)
-    acc, main_proc = run.accelerator, run.accelerator.is_main_process
-    history_path = os.path.join(cfg.output_dir, "metrics.jsonl")
-    summaries = {}  # evaluation summaries by tag ("before", "after")
-    if run.progress.iteration == 0:
-        summaries["before"] = evaluate_policy(run, "before", toyworld.shipped_heldout_values(cfg))
-        acc.print("eval before: " + evaluate.format_summary(summaries["before"]))
-        if main_proc and os.path.exists(history_path):
-            os.remove(history_path)
+def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.Tensor:
+    """B prompt indices for this iteration, the same on every process (without replacement when possible)."""
+    g = torch.Generator().manual_seed(S.member_seed(seed, iteration, -1, 0))
+    if B <= num_prompts:
+        return torch.randperm(num_prompts, generator=g)[:B]  # (B,)
+    return torch.randint(num_prompts, (B,), generator=g)  # (B,)
 
-    bar = tqdm(range(run.progress.iteration, cfg.iterations), disable=not main_proc, desc="iterations")
-    for it in bar:
-        t0 = time.perf_counter()
-        samples = sample(run, it)  # 1. B x G trajectories, SDE window, completions
-        t1 = time.perf_counter()
-        R_mine, finals = score(run, samples)  # 2. R (n, W+1): one reward per completion
-        nfe = int(acc.gather(torch.tensor([samples.nfe], device=acc.device)).sum())
-        t2 = time.perf_counter()
-        # 3. per-step rewards with turning points, per-timestep advantages
-        R_all, _, kept, detected, adv = assign_credit(acc, R_mine, run.mine, cfg)
-        t3 = time.perf_counter()
-        train_stats = update_policy(run, samples, adv, it)  # 4. clipped surrogate + KL, optimizer steps, EMA
-        timer = {"sample": t1 - t0, "reward": t2 - t1, "train": time.perf_counter() - t3}
-        run.progress.iteration = it + 1
-        del samples
 
-        # 5. log, evaluate, save
-        log = iteration_log(run, R_all, kept, detected, finals, train_stats, nfe, timer)
-        if cfg.eval_every and run.progress.iteration % cfg.eval_every == 0 and run.progress.iteration < cfg.iterations:
-            log.update(evaluate_policy(run, f"iter{run.progress.iteration:06d}"))
-        if run.progress.iteration == cfg.iterations:
-            summaries["after"] = evaluate_policy(run, "after")
-            log.update(summaries["after"])
-        log["time/elapsed_s"] = time.perf_counter() - started  # wall time of this call so far, evaluations included
-        acc.log(log, step=run.progress.iteration)
-        if main_proc:
-            bar.set_postfix(reward=f"{log['reward/mean']:.3f}", loss=f"{log['train/loss']:.3g}")
-            with open(history_path, "a") as f:
-                f.write(json.dumps({"iteration": run.progress.iteration, **log}) + "\n")
-        done = run.progress.iteration
-        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.iterations:
-            save_checkpoint(acc, run.policy, run.ema, run.progress, cfg)
-    return {"summaries": summaries, "policy": run.policy, "checksums": finish(run, summaries, history_path)}
+def decode_and_score(run: Run, latents: torch.Tensor, prompts: list[str], metadata: list[dict]):
+    """Decode and score latents (M, C, h, w) in chunks of reward_batch: total (M,) and components {name: (M,)}."""
+    totals, parts = [], {}
+    for start in range(0, latents.shape[0], run.cfg.reward_batch):
+        sl = slice(start, start + run.cfg.reward_batch)
+        images = models.decode(run.pipe, latents[sl])  # (m, 3, H', W') in [0, 1]
+        total, comps = run.reward_fn(images, prompts[sl], metadata[sl])
+        totals.append(total.float().cpu())
+        for k, v in comps.items():
+            parts.setdefault(k, []).append(v.float().cpu())
+    return torch.cat(totals), {k: torch.cat(v) for k, v in parts.items()}  # (M,), {name: (M,)}
+
+
+class UpdateStats:
+    """The training statistics of one iteration (README, 'Logged metrics'): grpo_loss's statistics and the loss as
+    means over every counted (row, window step) of the iteration; the same for the first micro-batch alone
+    ("first_"), which trains before any optimizer step, so its ratio rho must be 1 up to the numerics
+    (first_ratio_dev, max |rho - 1| over all its rows, counted or not, checks the on-policy recomputation); the
+    mean gradient norm; the share of zero-advantage trajectories."""
+
+    def __init__(self):
+        self.sums, self.first, self.first_dev, self.grad_norms = {}, {}, 0.0, []
+
+    def add(self, first: bool, stats: dict, loss: torch.Tensor, counted: int, log_prob: torch.Tensor,
+            logp_old: torch.Tensor):
+        """One window step of a micro-batch: its stats weighted by its `counted` rows; log_prob, logp_old (b,)."""
+        for into in (self.sums, self.first) if first else (self.sums,):
+            for key, val in {**stats, "loss": loss.detach(), "rows": 1.0}.items():
+                into[key] = into.get(key, 0.0) + float(val) * counted
+        if first:
+            rho = torch.exp(log_prob.detach() - logp_old)  # (b,)
+            self.first_dev = max(self.first_dev, float((rho - 1).abs().max()))
+
+    def grad_norm(self, norm):
+        self.grad_norms.extend([] if norm is None else [float(norm)])  # DeepSpeed may return None
+
+    def summary(self, acc, zero_adv: torch.Tensor, N: int) -> dict[str, float]:
+        """Means over all processes; zero_adv (n,) bool marks this process's zero-advantage rows."""
+        out = mean_over_processes(acc, self.sums)
+        out.update({f"first_{k}": v for k, v in mean_over_processes(acc, self.first).items()})
+        out["first_ratio_dev"] = max_over_processes(acc, self.first_dev)
+        out["zero_adv_frac"] = float(acc.reduce(zero_adv.sum().to(acc.device), "sum")) / N
+        out["grad_norm"] = sum(self.grad_norms) / max(len(self.grad_norms), 1)
+        return out
+
+
+def mean_over_processes(accelerator, sums: dict[str, float]) -> dict[str, float]:
+    """{name: sum of value x rows, 'rows': rows} from every process -> {name: mean per row} over all processes."""
+    keys = sorted(sums)
+    total = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64,
+                                            device=accelerator.device), "sum").tolist()
+    rows = max(total[keys.index("rows")], 1.0) if keys else 1.0
+    return {k: v / rows for k, v in zip(keys, total) if k != "rows"}
+
+
+def max_over_processes(accelerator, value: float) -> float:
+    return float(accelerator.gather(torch.tensor([value], device=accelerator.device)).max())
+
+
+def params_checksum(params: list[torch.Tensor]) -> float:
+    """A cheap fingerprint of the trainable weights, to check that every process holds the same model."""
+    return float(sum((p.detach().double() * (i + 1)).sum() for i, p in enumerate(params)))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ Shape legend: B prompts, G group size, N = B*G trajectories, W window steps.
   d, c, r_agg, rewards, masks (N, W) | Delta (N,)
 
 Run: pure tensor functions (any device, float32 or float64 kept as given); tested by
-`python -m pytest tests/test_turning_points.py`. train.py calls `step_rewards` and logs the turning-point rate
-per step from `detect_turning_points`.
+`python -m pytest tests/test_turning_points.py`. train.py calls `step_rewards` (which checks R once, then the
+formulas below run unchecked) and logs the turning-point rate per step from `detect_turning_points`.
 
 Why the strict rule exists (docs/method.md, 'Example 2: why the strict rule exists'): W = 4,
 R = [0, 2, 1.5, 1.8, 0.1].
@@ -37,7 +37,8 @@ import torch
 
 from grpo import group_ids
 
-ALGOS = ("tp-grpo", "flow-grpo", "incremental")
+# the methods whose step rewards come from the completions (Flow-GRPO has none: grpo.flow_grpo_advantages)
+CREDITS = ("tp-grpo", "incremental")
 RULES = ("strict", "base")
 
 
@@ -63,14 +64,12 @@ def _check_rewards(R):
 
 def incremental_rewards(R):
     """d (N, W): the reward change caused by each window step."""
-    R = _check_rewards(R)
     # Sec. 4.1, the paper's r_t: d_k = R_k - R_{k-1} (positive = the step raised the reward)
     return R[:, 1:] - R[:, :-1]  # (N, W)
 
 
 def global_trend(R):
     """Delta (N,): the reward change over the whole window."""
-    R = _check_rewards(R)
     # Delta = R_sde - R_0
     return R[:, -1] - R[:, 0]  # (N,)
 
@@ -83,7 +82,6 @@ def trend_agreement(R):
 
 def aggregated_rewards(R):
     """r_agg (N, W): the long-term reward of step k, everything that happened from step k on."""
-    R = _check_rewards(R)
     # r_agg_k = R_sde - R_{k-1} = d_k + d_{k+1} + ... + d_W (telescoping)
     return R[:, -1:] - R[:, :-1]  # (N, W)
 
@@ -91,7 +89,6 @@ def aggregated_rewards(R):
 def detect_turning_points(R, rule="strict"):
     """Turning points before balancing, (N, W) bool. Training logs their rate per step."""
     _check_choice(rule, RULES, "rule")
-    R = _check_rewards(R)
     d = incremental_rewards(R)  # (N, W)
     c = trend_agreement(R)  # (N, W)
     # Def. 4.1 (k >= 2): c_{k-1} < 0 and c_k > 0. Remark 4.2: step 1 has no predecessor; it is a turning point
@@ -112,7 +109,7 @@ def balance_turning_points(turning_points, r_agg, group):
     Candidates are the turning points with r_agg != 0 (r_agg = 0 keeps d_k anyway). If a group has candidates
     of both signs, each side keeps only its m = min(n_pos, n_neg) with the largest |r_agg|; ties go to the
     earlier row, then the earlier step. A group whose candidates all share one sign keeps them all.
-    DEVIATION: the demo code balances inside each GPU's micro-batch (mixed prompts, an artifact of the batch
+    DEVIATION: the demo code balances inside each GPU's sampling batch (mixed prompts, an artifact of the batch
     layout) and ranks by |Delta|; we balance per prompt group, the unit GRPO compares, ranking by the reward
     actually assigned (|r_agg|).
     """
@@ -120,6 +117,12 @@ def balance_turning_points(turning_points, r_agg, group):
         raise ValueError(f"turning_points must be a bool (N, W) mask shaped like r_agg {tuple(r_agg.shape)}, "
                          f"got {turning_points.dtype} {tuple(turning_points.shape)}")
     ids, n_groups = group_ids(group, r_agg.shape[0], r_agg.device)  # (N,)
+    # Sec. 5: keep candidate k iff its rank by |r_agg| among its group's candidates of its sign is < m,
+    #   m = min(n_pos, n_neg) of the group (all of them when m = 0). Worked example, one group:
+    #     candidate (row, step)     (0,1)  (0,3)  (1,2)  (2,1)  (2,4)
+    #     r_agg                     +0.3   -0.2   +0.5   -0.6   -0.1
+    #     side, rank by |r_agg|     + 1    - 1    + 0    - 0    - 2
+    #   n_pos = 2, n_neg = 3, m = 2: the four of rank < 2 are kept, (2,4) is dropped (its step keeps d_k).
     cand = turning_points & (r_agg != 0)  # (N, W)
     rows, cols = cand.nonzero(as_tuple=True)  # (M,), (M,) in row-major order = the tie-break order
     value = r_agg[rows, cols]  # (M,)
@@ -143,27 +146,21 @@ def balance_turning_points(turning_points, r_agg, group):
 
 
 def step_rewards(R, group, algo="tp-grpo", rule="strict"):
-    """Per-step rewards (N, W), the mask (N, W) bool of turning points whose reward was replaced, and the turning
-    points `rule` detects before balancing (N, W) bool (detect_turning_points; training logs their rate).
+    """Per-step rewards (N, W) of the methods with completions, the mask (N, W) bool of turning points whose reward
+    was replaced, and the turning points `rule` detects before balancing (N, W) bool (training logs their rate).
 
-    algo "tp-grpo": r_k = r_agg_k at kept turning points, d_k elsewhere; "flow-grpo": r_k = R_sde on every
-    step (the baseline); "incremental": r_k = d_k (ablation, no turning points). The mask is all False for the
-    last two, which replace nothing, but the detected turning points are returned for every algo: how often
-    they happen is worth seeing whichever method trains. `rule` ("strict" = Def. 5.1, the paper's headline
-    variant; "base" = Def. 4.1) decides which are detected.
+    algo "tp-grpo": r_k = r_agg_k at kept turning points, d_k elsewhere; "incremental": r_k = d_k (the ablation
+    without turning points; its mask is all False, but its detected turning points are returned too: how often
+    they happen is worth seeing whichever method trains). `rule` ("strict" = Def. 5.1, the paper's headline
+    variant; "base" = Def. 4.1) decides which are detected. R is checked here, once, for every formula below.
     """
-    _check_choice(algo, ALGOS, "algo")
+    _check_choice(algo, CREDITS, "algo")
     _check_choice(rule, RULES, "rule")
     R = _check_rewards(R)
-    group_ids(group, R.shape[0], R.device)
     d = incremental_rewards(R)  # (N, W)
     detected = detect_turning_points(R, rule)  # (N, W)
-    none = torch.zeros_like(d, dtype=torch.bool)  # (N, W)
-    if algo == "flow-grpo":
-        # Flow-GRPO: the outcome reward copied to every window step
-        return R[:, -1:].expand_as(d).clone(), none, detected  # (N, W) x 3
     if algo == "incremental":
-        return d, none, detected
+        return d, torch.zeros_like(detected), detected  # (N, W) x 3
     r_agg = aggregated_rewards(R)  # (N, W)
     kept = balance_turning_points(detected, r_agg, group)  # (N, W)
     # r_k = r_agg_k if step k is a kept turning point (and r_agg_k != 0, ensured by balancing), else d_k

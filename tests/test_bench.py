@@ -54,3 +54,15 @@ def test_compiled_phases_count_the_same_work_and_time_their_warm_up():
         assert {k: rows[compiled][k] for k in ("nfe", "calls", "flops")} == \
             {k: rows[eager][k] for k in ("nfe", "calls", "flops")}
         assert rows[compiled]["seconds"] > 0 and rows[compiled]["warmup_s"] > 0
+
+
+@pytest.mark.parametrize("steps,window", [(6, 5), (6, 3), (4, 1)])
+def test_counted_evaluations_follow_the_formulas(steps, window):
+    """Per trajectory, with the window from step 0: (a) T rollout steps; (b) the demo layout, T + a pure-ODE run for
+    R_0 (T) + the completion of each s_k, k = 1..W-1 (T - k steps); (c) the wavefront, T + the completion of each
+    s_k, k = 0..W-1, whose first step reuses the rollout's velocity (T - k - 1 steps)."""
+    rows = _rows(bench.main(["--batches", "2", "--repeats", "1", "--steps", str(steps), "--window", str(window)]))
+    T, W = steps, window
+    assert rows["(a)"]["nfe"] == T and rows["(a)"]["calls"] == T
+    assert rows["(b)"]["nfe"] == T + T + sum(T - k for k in range(1, W))
+    assert rows["(c)"]["nfe"] == T + sum(T - k - 1 for k in range(W)) and rows["(c)"]["calls"] == T

@@ -53,7 +53,7 @@ def _random_step(i, n=4, seed=0):
 def test_sde_log_prob_is_the_gaussian_density(grid, i):
     sigmas, _ = grid
     x, v, eps = _random_step(i)
-    out = S.sde_step(x, v, sigmas[i], sigmas[i + 1], 0.7, "sde", noise=eps)
+    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.7, "sde", noise=eps)
     s, s1 = sigmas[i].double(), sigmas[i + 1].double()
     dt = s1 - s
     std = 0.7 * torch.sqrt(s / (1 - (s1 if s == 1 else s)))
@@ -69,7 +69,7 @@ def test_sde_log_prob_is_the_gaussian_density(grid, i):
 def test_cps_mean_matches_spec_formula(grid, i):
     sigmas, _ = grid
     x, v, eps = _random_step(i)
-    out = S.sde_step(x, v, sigmas[i], sigmas[i + 1], 0.7, "cps", noise=eps)
+    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.7, "cps", noise=eps)
     s, s1 = float(sigmas[i]), float(sigmas[i + 1])
     noise_std = s1 * math.sin(0.7 * math.pi / 2)
     mean = (1 - s1) * (x - s * v) + math.sqrt(max(s1**2 - noise_std**2, 0.0)) * (x + (1 - s) * v)
@@ -85,7 +85,7 @@ def test_noise_level_zero_is_the_euler_step(grid, kind, i):
     sigmas, _ = grid
     x, v, eps = _random_step(i)
     euler = x + (sigmas[i + 1] - sigmas[i]) * v
-    out = S.sde_step(x, v, sigmas[i], sigmas[i + 1], 0.0, kind, noise=eps)
+    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.0, kind, noise=eps)
     torch.testing.assert_close(S.ode_step(x, v, sigmas[i], sigmas[i + 1]), euler, rtol=0, atol=0)
     if kind == "sde":  # algebraically the same expression: bit-exact
         torch.testing.assert_close(out.next, euler, rtol=0, atol=0)
@@ -99,11 +99,11 @@ def test_edge_steps_are_finite_float32(grid, kind):
     sigmas, _ = grid
     for i in (0, T - 1):  # sigma = 1 and sigma' = 0
         x, v, eps = _random_step(i)
-        out = S.sde_step(x.half(), v.half(), sigmas[i], sigmas[i + 1], 0.7, kind, noise=eps)
+        out = S.stochastic_step(x.half(), v.half(), sigmas[i], sigmas[i + 1], 0.7, kind, noise=eps)
         for t in (out.next, out.log_prob, out.mean, out.std_kl):
             assert t.dtype == torch.float32 and torch.isfinite(t).all()
     x, v, eps = _random_step(T - 1)
-    last = S.sde_step(x, v, sigmas[T - 1], sigmas[T], 0.7, "cps", noise=eps)
+    last = S.stochastic_step(x, v, sigmas[T - 1], sigmas[T], 0.7, "cps", noise=eps)
     assert (last.std_kl == 0).all()  # the last CPS step is deterministic: it must never enter the KL
 
 
@@ -111,9 +111,9 @@ def test_sde_step_rejects_bad_arguments(grid):
     sigmas, _ = grid
     x, v, eps = _random_step(0)
     with pytest.raises(ValueError, match="unknown sampler"):
-        S.sde_step(x, v, sigmas[0], sigmas[1], 0.7, "ddim", noise=eps)
+        S.stochastic_step(x, v, sigmas[0], sigmas[1], 0.7, "ddim", noise=eps)
     with pytest.raises(ValueError, match="exactly one"):
-        S.sde_step(x, v, sigmas[0], sigmas[1], 0.7, "cps")
+        S.stochastic_step(x, v, sigmas[0], sigmas[1], 0.7, "cps")
 
 
 # ---------------------------------------------------------------- rollouts and completions (Sec. 4.1)
@@ -221,7 +221,8 @@ def test_stored_log_prob_is_recomputed_exactly(pipe, grid, kind):
         i = ro.w0 + k
         with torch.no_grad():
             v = models.velocity(pipe.transformer, ro.states[:, k], timesteps[i].expand(6), cond, 4.5)
-        out = S.sde_step(ro.states[:, k], v, sigmas[i], sigmas[i + 1], 0.7, kind, next_sample=ro.states[:, k + 1])
+        out = S.stochastic_step(ro.states[:, k], v, sigmas[i], sigmas[i + 1], 0.7, kind,
+                                next_sample=ro.states[:, k + 1])
         torch.testing.assert_close(out.log_prob, ro.log_probs[:, k], rtol=1e-5, atol=1e-5)
         assert torch.isfinite(out.log_prob).all()
 

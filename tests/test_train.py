@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from diffusers import SD3Transformer2DModel
@@ -68,8 +69,13 @@ def test_two_iterations_train_lora_only(tmp_path, algo):
         if "lora_" not in name:
             assert not p.requires_grad
             assert torch.equal(p.detach(), fresh[name.replace(".base_layer", "")]), name
-    for png in ("reward_curve.png", "samples_before.png", "samples_after.png"):
-        assert os.path.getsize(os.path.join(out, png)) > 0
+    # the pictures: the same 8 evaluation images (16 px, enlarged to GRID_CELL-pixel cells plus margins) before and
+    # after training, which differ because the trained LoRA draws other images from the same noise; a drawn curve
+    before, after = (np.asarray(Image.open(os.path.join(out, f"samples_{tag}.png"))) for tag in ("before", "after"))
+    assert before.shape == after.shape and before.shape[1] == 8 * (evaluate.GRID_CELL + 6)
+    assert (before != after).any()
+    curve = np.asarray(Image.open(os.path.join(out, "reward_curve.png")).convert("RGB"))  # (H, W, 3)
+    assert len(np.unique(curve.reshape(-1, 3), axis=0)) > 10  # lines and text, not a blank canvas
 
 
 def _adapted(transformer) -> set[str]:
@@ -98,10 +104,10 @@ def test_lora_targets_are_the_demo_codes_191_joint_attention_projections_on_sd35
 
 def test_spread_kept_deals_the_kept_rows_evenly_over_micro_batches():
     order = torch.randperm(12, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(train.spread_kept(order, torch.ones(12, dtype=torch.bool), 4), order)
+    assert torch.equal(grpo.spread_kept(order, torch.ones(12, dtype=torch.bool), 4), order)
     keep = torch.zeros(12, dtype=torch.bool)
     keep[[0, 3, 4, 5, 9]] = True
-    out = train.spread_kept(order, keep, 4)
+    out = grpo.spread_kept(order, keep, 4)
     assert sorted(out.tolist()) == list(range(12))  # a permutation: every row still runs (DDP)
     assert [int(keep[mb].sum()) for mb in out.split(4)] == [2, 2, 1]
     assert out[keep[out]].tolist() == order[keep[order]].tolist()  # kept rows in the random order drawn

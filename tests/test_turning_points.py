@@ -202,15 +202,15 @@ def test_vectorized_is_row_permutation_equivariant():
 
 
 @pytest.mark.parametrize("quantized", [False, True])
-def test_flow_grpo_and_incremental(quantized):
+def test_incremental_is_d_and_flow_grpo_has_no_step_rewards(quantized):
     R, group = random_groups(7, quantized)
-    rewards, mask, _ = step_rewards(R, group, algo="flow-grpo")
-    assert torch.equal(rewards, R[:, -1:].expand(-1, R.shape[1] - 1)) and not mask.any()
+    with pytest.raises(ValueError, match="algo='flow-grpo'"):  # its credit is grpo.flow_grpo_advantages
+        step_rewards(R, group, algo="flow-grpo")
     rewards, mask, _ = step_rewards(R, group, algo="incremental", rule="base")
     assert torch.equal(rewards, R[:, 1:] - R[:, :-1]) and not mask.any()
 
 
-@pytest.mark.parametrize("algo", ["tp-grpo", "flow-grpo", "incremental"])
+@pytest.mark.parametrize("algo", ["tp-grpo", "incremental"])
 @pytest.mark.parametrize("rule", ["strict", "base"])
 def test_step_rewards_return_the_detected_turning_points(algo, rule):
     R, group = random_groups(11, quantized=True)
@@ -244,7 +244,7 @@ def test_dtypes():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: step_rewards(T(EX3), T([0, 0, 0]), algo="ppo"), "algo='ppo'.*'tp-grpo', 'flow-grpo', 'incremental'"),
+    (lambda: step_rewards(T(EX3), T([0, 0, 0]), algo="ppo"), "algo='ppo'.*'tp-grpo', 'incremental'"),
     (lambda: step_rewards(T(EX3), T([0, 0, 0]), rule="loose"), "rule='loose'.*'strict', 'base'"),
     (lambda: detect_turning_points(T(EX3), rule="Strict"), "rule='Strict'"),
     (lambda: step_rewards(T(EX3), T([0, 0])), r"shape \(3,\)"),
@@ -282,3 +282,13 @@ def test_render_group_marks_kept_and_dropped_turning_points():
     # Columns line up: each step's reward sits under its step number.
     assert lines[0].index("1") + 1 == lines[6].index("+0.40*") + len("+0.40")
     assert "o" not in "".join(render_group(R, rewards, mask).splitlines()[1:-1])
+
+
+def test_balancing_keeps_what_its_worked_example_says():
+    # balance_turning_points' comment: candidates (row, step) (0,1) +0.3, (0,3) -0.2, (1,2) +0.5, (2,1) -0.6,
+    # (2,4) -0.1 in one group; m = min(2, 3) = 2, so (2,4), the smallest negative, is the one dropped
+    r_agg, cand = torch.zeros(3, 4), torch.zeros(3, 4, dtype=torch.bool)
+    for row, step, value in [(0, 1, 0.3), (0, 3, -0.2), (1, 2, 0.5), (2, 1, -0.6), (2, 4, -0.1)]:
+        r_agg[row, step - 1], cand[row, step - 1] = value, True
+    kept = balance_turning_points(cand, r_agg, torch.zeros(3, dtype=torch.long))
+    assert kept.tolist() == [[True, False, True, False], [False, True, False, False], [True, False, False, False]]
