@@ -154,16 +154,21 @@ PRESETS = {
 FLUX_LORA_TARGETS = ",".join([f"attn.{m}" for m in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj",
                                                      "add_v_proj", "to_add_out")]
                              + [f"{ff}.{m}" for ff in ("ff", "ff_context") for m in ("net.0.proj", "net.2")])
-# 512 px, T = 6 training / 28 evaluation steps, guidance embedding 3.5 in both (no CFG pass), cps with a = 0.8 and
-# the window from step 0; G = 24 over B = 48 prompts with 3 trajectories per GPU per micro-batch, 2 updates per
-# iteration; AdamW 3e-4, eps 1e-5, beta 0 (no reference pass), EMA on, bf16; LoRA r = 64, alpha = 128
+# The demo code's FLUX configs with a and beta from its TP-GRPO launch scripts, the basis of the SD3.5-M presets
+# too (docs/method.md, 'FLUX.1-dev'): 512 px, T = 6 training / 28 evaluation steps, guidance embedding 3.5 in both
+# (no CFG pass), cps with a = 0.7 and the window from step 0; G = 24 over B = 48 prompts with 3 trajectories per GPU
+# per micro-batch, 2 updates per iteration; AdamW 3e-4, ratio clip 1e-5, beta = 1e-4, EMA on, bf16; LoRA r = 64,
+# alpha = 128. (The demo's config file says a = 0.8 and beta = 0; its launch scripts pass 0.7 and 1e-4.)
 FLUX1_DEV = dict(model=models.FLUX_DEV, resolution=512, steps=6, eval_steps=28, guidance=3.5, eval_guidance=3.5,
-                 sampler="cps", noise_level=0.8, window_start=0, group_size=24, prompts_per_iter=48, sample_batch=3,
-                 train_batch=3, updates_per_iter=2, lr=3e-4, clip_range=1e-5, beta=0.0, ema_decay=0.9,
+                 sampler="cps", noise_level=0.7, window_start=0, group_size=24, prompts_per_iter=48, sample_batch=3,
+                 train_batch=3, updates_per_iter=2, lr=3e-4, clip_range=1e-5, beta=1e-4, ema_decay=0.9,
                  mixed_precision="bf16", lora_rank=64, lora_alpha=128, lora_targets=FLUX_LORA_TARGETS)
 PRESETS.update({
     "pickscore-flux": dict(FLUX1_DEV, window=5, rewards="pickscore:1", prompts="dataset/pickscore_sfw/train.txt",
                            eval_prompts="dataset/pickscore_sfw/test.txt", output_dir="runs/pickscore-flux"),
+    # W = T = 6, as the demo's GenEval config: the sixth step ends at sigma = 0 with no noise (std 0), so its KL term
+    # is 0 (grpo.kl_to_reference; the demo code would divide by 0) and, its completion being the final image, its
+    # TP-GRPO advantage is 0 too (docs/method.md, 'FLUX.1-dev')
     "geneval-flux": dict(FLUX1_DEV, window=6, rewards="geneval:1", prompts="dataset/geneval/train_metadata.jsonl",
                          eval_prompts="dataset/geneval/test_metadata.jsonl", output_dir="runs/geneval-flux"),
 })

@@ -188,9 +188,10 @@ def test_presets_carry_the_authors_flux_settings(capsys):
         cfg = config.parse_config(["--task", task])
         assert (cfg.model, cfg.resolution, cfg.steps, cfg.eval_steps, cfg.window, cfg.window_start) == \
             (models.FLUX_DEV, 512, 6, 28, window, 0)
-        assert (cfg.guidance, cfg.eval_guidance, cfg.sampler, cfg.noise_level) == (3.5, 3.5, "cps", 0.8)
+        # a and beta as the demo's TP-GRPO launch scripts pass them (its config file says 0.8 and 0)
+        assert (cfg.guidance, cfg.eval_guidance, cfg.sampler, cfg.noise_level) == (3.5, 3.5, "cps", 0.7)
         assert (cfg.group_size, cfg.sample_batch, cfg.train_batch, cfg.lr, cfg.clip_range, cfg.beta) == \
-            (24, 3, 3, 3e-4, 1e-5, 0.0)
+            (24, 3, 3, 3e-4, 1e-5, 1e-4)
         assert (cfg.lora_rank, cfg.lora_alpha, cfg.mixed_precision) == (64, 128, "bf16") and cfg.ema_decay > 0
 
 
