@@ -7,7 +7,7 @@ paper asks of every trained model: did the task reward rise at the cost of image
 | imagereward   | ImageReward-v1.0 (THUDM): BLIP ViT-L/16 image tokens,   | (MLP(h_CLS) - mean) / std, about N(0, 1) |
 |               | BERT-base with cross-attention to them, an MLP head     | over its training set                    |
 | unifiedreward | UnifiedReward-qwen-7b (Qwen2.5-VL-7B fine-tune), the    | s of the generated 'Final Score: s',     |
-|               | TurningPoint-GRPO demo code's prompt, greedy answer     | 1-5; NaN when the answer has none        |
+|               | TurningPoint-GRPO demo code's prompt, one generate()    | 1-5; NaN when the answer has none        |
 
 DeQA-Score (the table's fourth column) is not reproduced: its model, mPLUG-Owl2, has no transformers class, so it
 runs only on its authors' modeling code (README, 'General quality on DrawBench').
@@ -71,7 +71,7 @@ def _hub_file(source: str, filename: str) -> str:
 
 IMAGEREWARD_MEAN, IMAGEREWARD_STD = 0.16717362830052426, 1.0333394966054072  # ImageReward.py: self.mean, self.std
 IMAGEREWARD_MAX_TOKENS = 35  # ImageReward.py: tokenizer(prompt, padding="max_length", truncation=True, max_length=35)
-IMAGEREWARD_SIZE = 224  # ImageReward.py _transform(224): Resize(224, BICUBIC), CenterCrop(224), CLIP's mean and std
+# ImageReward.py _transform(224): Resize(224, BICUBIC) of the short side, CenterCrop(224), Normalize with CLIP's
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 BLIP_HEAD_DIM = 64  # blip.py create_vit: ViT-B 768 / 12 heads, ViT-L 1024 / 16 heads
 
@@ -287,7 +287,7 @@ def _load_unifiedreward(source: str, device: str):
     # bf16 on GPUs as the demo code (~16.6 GB); float32 elsewhere (CPU tests), where bf16 matmuls are slow
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     model = rewards._loaded("UnifiedReward", source, lambda: Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        source, dtype=dtype).eval().to(device), hint)
+        source, dtype=dtype, device_map={"": device}).eval(), hint)  # straight onto the device, as the demo code
     tokenizer = rewards._loaded("UnifiedReward's tokenizer", source, lambda: AutoTokenizer.from_pretrained(source),
                                 hint)
     image_processor = rewards._loaded("UnifiedReward's image processor", source,

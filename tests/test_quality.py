@@ -262,7 +262,7 @@ def processor_oracle(tokenizer, image_processor, template):
 CAPTIONS = ["a red car", "a photo of a cat sitting on a striped mat", "x"]
 
 
-def test_unifiedreward_inputs_match_the_qwen_processor_on_the_demo_prompt(unifiedreward_dir):
+def test_unifiedreward_inputs_match_the_qwen_processor_on_the_demo_prompt(unifiedreward_dir, monkeypatch):
     model, tokenizer, image_processor, template = quality._load_unifiedreward(str(unifiedreward_dir), "cpu")
     assert smart_resize(512, 512) == (quality.UNIFIEDREWARD_INPUT,) * 2  # fetch_image's size, a no-op afterwards
     images = quality.unifiedreward_images(smooth_images(3, 64, 96, seed=6))
@@ -273,7 +273,7 @@ def test_unifiedreward_inputs_match_the_qwen_processor_on_the_demo_prompt(unifie
                                               {"type": "text", "text": quality.unifiedreward_question(c)}]}]
                 for im, c in zip(images, CAPTIONS)]
     texts = [processor.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
-    tokenizer.padding_side = "left"
+    monkeypatch.setattr(tokenizer, "padding_side", "left")  # the processor pads on the tokenizer's side
     expected = processor(text=texts, images=images, padding=True, return_tensors="pt")
     assert set(ours) == set(expected)
     for key in expected:
@@ -334,7 +334,8 @@ def test_unifiedreward_reads_each_rows_answer_after_left_padding(unifiedreward_d
 
 def test_summarize_leaves_nan_out_and_counts_it():
     summary = evaluate.summarize({"u": torch.tensor([1.0, math.nan, 3.0, math.nan]), "p": torch.tensor([1.0, 2.0])})
-    assert summary["u"] == 2.0 and summary["u_failed"] == 2 and summary["u_se"] == pytest.approx(1.0)  # std [1, 3] = sqrt 2, / sqrt 2
+    # over the two values: mean 2, std of [1, 3] = sqrt 2, SE = sqrt 2 / sqrt 2
+    assert summary["u"] == 2.0 and summary["u_failed"] == 2 and summary["u_se"] == pytest.approx(1.0)
     assert "p_failed" not in summary and summary["p"] == 1.5
     assert evaluate.per_image({"u": torch.tensor([0.5, math.nan])}) == {"u": [0.5, None]}
 
