@@ -39,7 +39,8 @@ def _f(default, help: str):
 class Config:
     # what to train: the task's preset, the model, the algorithm and its reward
     task: str = _f("pickscore", "preset: pickscore | ocr | geneval (SD3.5-M, docs/method.md) | pickscore-flux | "
-                                "geneval-flux (FLUX.1-dev) | tiny (CPU toy world)")
+                                "geneval-flux (FLUX.1-dev) | tiny (CPU toy world); drawbench | drawbench-flux "
+                                "are evaluate.py's general-quality table only")
     model: str = _f(models.SD35_MEDIUM, "SD3 or FLUX pipeline: hub id, local folder, 'tiny', 'tiny-flux', "
                                         "'random-sd35m' or 'random-flux-dev' (SD3.5-M's, FLUX.1-dev's shapes; all "
                                         "random weights built in code, no download)")
@@ -174,6 +175,19 @@ PRESETS.update({
 })
 
 
+# ---- DrawBench (Sec. 5): the general-quality table of any trained checkpoint, evaluation only ---------------------
+# One image per line of dataset/drawbench/test.txt (DrawBench's 200 prompts, each 5 times, so 5 seeds per prompt),
+# sampled with the model's evaluation settings and scored by PickScore (the reward row), the LAION aesthetic
+# predictor, ImageReward and UnifiedReward (weights 0: reported, not added). Nothing trains on it (check_config).
+DRAWBENCH = dict(rewards="pickscore:1,aesthetic:0,imagereward:0,unifiedreward:0", eval_samples=1000,
+                 eval_prompts="dataset/drawbench/test.txt")
+EVAL_ONLY = ("drawbench", "drawbench-flux")
+PRESETS.update({
+    "drawbench": dict(SD35M, **DRAWBENCH, output_dir="runs/drawbench"),
+    "drawbench-flux": dict(FLUX1_DEV, **DRAWBENCH, output_dir="runs/drawbench-flux"),
+})
+
+
 def parse_config(argv: list[str] | None = None, description: str = "") -> Config:
     """--task picks a preset; every other flag overrides one field of it (`description` heads --help)."""
     p = argparse.ArgumentParser(description=description or __doc__,
@@ -206,6 +220,9 @@ def parse_config(argv: list[str] | None = None, description: str = "") -> Config
 
 def check_config(cfg: Config) -> str:
     """One line naming what is inconsistent, or '' (checked before anything is loaded or written)."""
+    if cfg.task in EVAL_ONLY:
+        return (f"--task {cfg.task} is an evaluation preset (python evaluate.py --task {cfg.task} --checkpoint ...); "
+                f"train with pickscore, ocr, geneval, their -flux forms or tiny")
     if cfg.algo not in ALGOS:
         return f"unknown --algo '{cfg.algo}'; choose one of {', '.join(ALGOS)}"
     if cfg.tp_rule not in tp.RULES:
@@ -226,6 +243,18 @@ def parse_weights(spec: str) -> dict[str, float]:
     for item in filter(None, spec.split(",")):
         name, _, weight = item.partition(":")
         out[name.strip()] = float(weight or 1)
+    return out
+
+
+def parse_model_paths(spec: str) -> dict[str, str]:
+    """'aesthetic=/w/sac.pth,imagereward=/m/IR' -> {'aesthetic': '/w/sac.pth', 'imagereward': '/m/IR'}
+    (rewards.load_rewards' model_paths)."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, path = item.partition("=")
+        if not sep or not key.strip() or not path.strip():
+            raise ValueError(f"model path '{item}' is not key=path (e.g. aesthetic=sac+logos+ava1-l14-linearMSE.pth)")
+        out[key.strip()] = path.strip()
     return out
 
 

@@ -6,13 +6,18 @@ Sampling is the plain Euler ODE with the preset's evaluation steps and CFG (SD3.
 image has a fixed seed (config.EVAL_SEED, image index), so two checkpoints are compared on the same noise. Metrics
 are the reward models of the task in evaluation form: raw PickScore (the paper's ~24), OCR accuracy, GenEval's strict
 correctness per tag and overall score, the toy world's graded score and strict accuracy, plus any extra reward given.
+`--task drawbench` is the paper's general-quality table on DrawBench's prompts: PickScore, LAION aesthetic,
+ImageReward and UnifiedReward (quality.py) of any checkpoint, whatever task it was trained on.
 
   python evaluate.py --task tiny --checkpoint runs/tiny/checkpoints/iter-000030
   accelerate launch evaluate.py --task geneval --checkpoint runs/geneval/checkpoints/iter-001000 --ema
   python evaluate.py --task pickscore --checkpoint none --samples 2048    # the base model
+  accelerate launch evaluate.py --task drawbench --checkpoint runs/pickscore/checkpoints/iter-001000 --ema \
+      --model-paths aesthetic=sac+logos+ava1-l14-linearMSE.pth
 
 Writes OUTPUT/eval.json (mean, std, standard error per metric, and every image's values) and OUTPUT/grid.png;
-prints a table.
+prints a table. A metric that gives no value for an image (NaN: UnifiedReward's answer without a score) is left out
+of its mean and counted in <metric>_failed; eval.json writes it as null.
 
 Shape legend: M evaluation images, C/h/w latent channels/height/width, H/W pixel height/width (no window length
 appears in this file, so the pixels keep the capitals; sampler.py calls them H'/W').
@@ -35,6 +40,7 @@ from PIL import Image, ImageDraw, ImageFont
 import config
 import geneval
 import models
+import quality  # noqa: F401  (registers imagereward and unifiedreward in rewards.REWARD_LOADERS)
 import rewards
 import sampler as S
 
@@ -82,12 +88,16 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
 
 
 def summarize(values: dict) -> dict:
-    """{metric: (M,) per-image values} -> {metric: mean, metric_std: population std, metric_se: SE of the mean}."""
+    """{metric: (M,) per-image values} -> {metric: mean, metric_std: population std, metric_se: SE of the mean},
+    over the images with a value: NaN marks none, and a metric with any gets metric_failed, their count."""
     summary = {}
     for k, v in values.items():
-        summary[k] = v.mean().item()
-        summary[f"{k}_std"] = v.std(unbiased=False).item()
-        summary[f"{k}_se"] = (v.std() / math.sqrt(v.numel())).item() if v.numel() > 1 else 0.0
+        ok = v[~v.isnan()]  # (M',) the images the metric could score
+        summary[k] = ok.mean().item() if ok.numel() else math.nan
+        summary[f"{k}_std"] = ok.std(unbiased=False).item() if ok.numel() else math.nan
+        summary[f"{k}_se"] = (ok.std() / math.sqrt(ok.numel())).item() if ok.numel() > 1 else 0.0
+        if ok.numel() < v.numel():
+            summary[f"{k}_failed"] = v.numel() - ok.numel()
     return summary
 
 
@@ -108,8 +118,8 @@ def captions(prompts: list[str], index: torch.Tensor, values: torch.Tensor) -> l
 
 def per_image(values: dict) -> dict:
     """{metric: (M,) tensor} -> {metric: [M floats]} for JSON: every run scores the same fixed-seed images, so
-    two runs can be compared image by image (compare.py's paired standard error)."""
-    return {k: [round(x, 6) for x in v.tolist()] for k, v in values.items()}
+    two runs can be compared image by image (compare.py's paired standard error); NaN (no value) becomes null."""
+    return {k: [None if math.isnan(x) else round(x, 6) for x in v.tolist()] for k, v in values.items()}
 
 
 def format_summary(summary: dict) -> str:
@@ -224,6 +234,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--samples", type=int, help="number of images (prompts cycled)")
     p.add_argument("--steps", type=int, help="ODE steps")
     p.add_argument("--guidance", type=float, help="CFG scale")
+    p.add_argument("--resolution", type=int, help="image side in pixels (the tiny test models need 32)")
+    p.add_argument("--model-paths", default="", help="reward models' local files or folders, 'key=path,...' with "
+                   "the keys of rewards.DEFAULT_MODELS (e.g. aesthetic=sac+logos+ava1-l14-linearMSE.pth, "
+                   "imagereward=DIR, unifiedreward=DIR); others come from the hub")
     p.add_argument("--batch", type=int, default=16, help="images per sampling/reward call")
     p.add_argument("--output", help="folder for eval.json and grid.png (default: next to the checkpoint)")
     args = p.parse_args(argv)
@@ -233,6 +247,14 @@ def main(argv: list[str] | None = None) -> dict:
     model = args.model or cfg.model
     steps, guidance = args.steps or cfg.eval_steps, args.guidance if args.guidance is not None else cfg.eval_guidance
     samples = args.samples or cfg.eval_samples
+    resolution = args.resolution or cfg.resolution
+    try:
+        model_paths = config.parse_model_paths(args.model_paths)
+    except ValueError as e:
+        p.error(str(e))
+    unknown = sorted(set(model_paths) - set(rewards.DEFAULT_MODELS))
+    if unknown:
+        p.error(f"unknown --model-paths key(s) {unknown}; known: {', '.join(sorted(rewards.DEFAULT_MODELS))}")
     out = args.output or (os.path.join(args.checkpoint, "eval") if args.checkpoint != "none"
                           else os.path.join(cfg.output_dir, "eval_base"))
 
@@ -246,17 +268,17 @@ def main(argv: list[str] | None = None) -> dict:
         if args.checkpoint != "none":
             load_checkpoint_weights(pipe, args.checkpoint, args.ema)
         reward_fn = rewards.load_rewards(config.parse_weights(args.rewards or cfg.rewards), accelerator.device,
-                                         batch_size=args.batch)
+                                         model_paths=model_paths, batch_size=args.batch)
     except (models.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
-    result = sample_and_score(pipe, prompts, metadata, reward_fn, samples, steps, guidance, cfg.resolution,
+    result = sample_and_score(pipe, prompts, metadata, reward_fn, samples, steps, guidance, resolution,
                               cfg.max_sequence_length, args.batch, accelerator, seed=cfg.eval_seed)
     summary = result["summary"]
     if accelerator.is_main_process:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "eval.json"), "w") as f:
             json.dump({"checkpoint": args.checkpoint, "ema": args.ema, "model": model, "samples": samples,
-                       "steps": steps, "guidance": guidance, **summary,
+                       "steps": steps, "guidance": guidance, "resolution": resolution, **summary,
                        "per_image": per_image(result["values"])},
                       f, indent=1)
         save_grid(result["images"][:GRID_IMAGES], os.path.join(out, "grid.png"),

@@ -127,8 +127,8 @@ def fmt(values: list[float]) -> str:
 
 
 def report_measure(out: dict, docs: str) -> None:
-    """docs/judge.md: the agreement table per noise level and window state; docs/judge.png: ODE judge against the
-    SDE mean, one panel per noise level, coloured by window state."""
+    """`docs`/judge.md: the agreement table per noise level and window state; `docs`/judge.png: the ODE judge
+    against the SDE mean, one panel per noise level, coloured by window state."""
     st = out["settings"]
     lines = [f"ODE judge R_k = R(ODE-complete(s_k)) against the mean reward of {st['continuations']} SDE "
              f"continuations from s_k ({st['prompts']} captions x {st['members']} trajectories, T = {st['steps']}, "

@@ -22,7 +22,8 @@ Use:
 Model ids are Hugging Face ids; on an offline cluster download them once (`hf download ID --local-dir DIR`) and
 pass model_paths={key: DIR} with the keys of DEFAULT_MODELS. Another file registers a reward by adding a loader
 to REWARD_LOADERS: loader(device, batch_size=..., model_paths=..., **options) -> scorer(images, prompts,
-metadata) returning (N,) or ((N,), {extra_name: (N,)}).
+metadata) returning (N,) or ((N,), {extra_name: (N,)}); quality.py registers the paper's general-quality metrics
+(ImageReward, UnifiedReward) this way.
 
 Shapes: N images in a call, n <= batch_size images in one model forward, Q Mask2Former queries, K detections,
 H/W image height/width in pixels (H'/W' after Mask2Former's resizing and padding), D CLIP embedding width.
@@ -443,9 +444,10 @@ def load_rewards(weights, device="cpu", model_paths=None, batch_size=16, options
     """{name: weight} -> score(images (N, 3, H, W) in [0, 1], prompts [N], metadata [N]) -> (total (N,), parts).
 
     parts holds each reward's (N,) value under its name plus the extras it reports (e.g. 'pickscore_raw');
-    total = sum of weight * value. Each loader is called once, as REWARD_LOADERS[name](device,
-    batch_size=batch_size, model_paths=model_paths, **options.get(name, {})); every model is loaded before this
-    returns, so a failure raises here (RewardLoadError) and never leaves a partly working scorer.
+    total = sum of weight * value over the nonzero weights. Each loader is called once, as
+    REWARD_LOADERS[name](device, batch_size=batch_size, model_paths=model_paths, **options.get(name, {})); every
+    model is loaded before this returns, so a failure raises here (RewardLoadError) and never leaves a partly
+    working scorer.
     """
     if not weights:
         raise ValueError("no reward given: pass weights like {'pickscore': 1.0}")
@@ -472,7 +474,8 @@ def load_rewards(weights, device="cpu", model_paths=None, batch_size=16, options
                 value, extras = value
             parts[name] = value.float().to(device)  # (N,)
             parts.update({k: v.float().to(device) for k, v in extras.items()})
-            total = total + weights[name] * parts[name]  # (N,)
+            if weights[name]:  # a 0 weight only reports the metric (and 0 * NaN would still be NaN)
+                total = total + weights[name] * parts[name]  # (N,)
         return total, parts
 
     return score
