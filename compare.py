@@ -68,7 +68,8 @@ GRID_SEEDS, REPORT_SEEDS = (0, 1), (10, 11, 12)
 
 @dataclass(frozen=True)
 class Variant:
-    """One setting of the axes: a method plus lr, ratio clip, noise level a, window W, iterations, evaluations."""
+    """One setting of the axes: a method plus lr, ratio clip, noise level a, window W, iterations, evaluations, and
+    the judge of window states (--completion)."""
 
     method: str
     lr: float = PRESET["lr"]
@@ -77,18 +78,21 @@ class Variant:
     window: int = PRESET["window"]
     iterations: int = PRESET["iterations"]
     eval_every: int = PRESET["eval_every"]
+    completion: str = "ode"  # the paper's judge; docs/method.md, 'Cheaper judges'
 
     @property
     def name(self) -> str:
         """Every axis written out: 'tp-grpo_lr0.003_clip0.0001_a0.7_W5_it30' (+ '_ev20' with evaluations on the
-        way)."""
+        way, + '_ode2' / '_x0' with a cheaper judge)."""
         return (f"{self.method}_lr{self.lr:g}_clip{self.clip_range:g}_a{self.noise_level:g}_W{self.window}"
-                f"_it{self.iterations}" + (f"_ev{self.eval_every}" if self.eval_every else ""))
+                f"_it{self.iterations}" + (f"_ev{self.eval_every}" if self.eval_every else "")
+                + (f"_{self.completion.replace(':', '')}" if self.completion != "ode" else ""))
 
     def flags(self) -> list[str]:
         """The train.py flags of this variant (the preset gives the rest)."""
         axes = dataclasses.asdict(self)
-        return [*METHODS[self.method], *[a for k, f in FLAGS.items() for a in (f, f"{axes[k]:g}")]]
+        judge = [] if self.completion == "ode" else ["--completion", self.completion]
+        return [*METHODS[self.method], *[a for k, f in FLAGS.items() for a in (f, f"{axes[k]:g}")], *judge]
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,11 @@ EXPERIMENTS = {e.name: e for e in [
     Experiment("window", "the SDE window: all 5 trained steps of T = 6 against the first 3", "heldout", REPORT_SEEDS,
                lambda results: {f"{m} W={w}": v for w in (5, 3) for m, v in
                                 _at_choice(("flow-grpo", "tp-grpo", "incremental"), window=w)(results).items()}),
+    Experiment("judges", "TP-GRPO with cheaper judges of the window states (docs/method.md, 'Cheaper judges') "
+               "against the full ODE and Flow-GRPO", "heldout", REPORT_SEEDS,
+               lambda results: {**{f"tp-grpo {c}": v for c in ("ode", "ode:3", "ode:2", "x0") for v in
+                                   _at_choice(("tp-grpo",), completion=c)(results).values()},
+                                "flow-grpo": chosen(results, "flow-grpo")}),
 ]}
 
 

@@ -57,6 +57,10 @@ class Config:
     eval_guidance: float = _f(4.5, "w at evaluation")
     # the SDE window (docs/method.md, 'Rollout with an SDE window')
     sampler: str = _f("cps", "stochastic step: cps (coefficients-preserving) | sde (Flow-GRPO's SDE), docs/method.md")
+    completion: str = _f("ode", "how R_k judges a window state s_k: ode (its ODE completion on the whole remaining "
+                                "grid, the paper's) | ode:K (at most K Euler steps on a sub-grid) | x0 (= ode:1, "
+                                "x0_hat = s_k - sigma_k v(s_k), no extra transformer call); docs/method.md, "
+                                "'Cheaper judges'")
     noise_level: float = _f(0.7, "a, the noise level of the stochastic step")
     window: int = _f(9, "W, number of SDE (trained) steps")
     window_start: int = _f(0, "w0, first SDE step; -1 draws it per iteration in [0, T - W]")
@@ -229,6 +233,10 @@ def check_config(cfg: Config) -> str:
         return f"unknown --tp-rule '{cfg.tp_rule}'; choose one of {', '.join(tp.RULES)}"
     if cfg.sampler not in S.SAMPLERS:
         return f"unknown --sampler '{cfg.sampler}'; choose one of {', '.join(S.SAMPLERS)}"
+    try:
+        S.completion_steps(cfg.completion)
+    except ValueError as e:
+        return f"--completion: {e}"
     if not 1 <= cfg.window <= cfg.steps or cfg.window_start + cfg.window > cfg.steps:
         return f"the SDE window (w0={cfg.window_start}, W={cfg.window}) must fit in T={cfg.steps} steps"
     for _, settings in toyworld.SHIPPED_EVALS.values():  # each toy split is evaluated on its own noise

@@ -272,7 +272,8 @@ def sample(run: Run, it: int) -> Samples:
         x_T = S.draw_noise(gens, run.shape, run.accelerator.device)  # (b, C, h, w)
         with run.accelerator.autocast():  # bf16 base, float32 LoRA (under DeepSpeed: no autocast, all bf16)
             ro = S.rollout(run.sampling_policy, cond, x_T, gens, run.sigmas, run.timesteps, w0, W, cfg.noise_level,
-                           cfg.sampler, cfg.guidance, complete=cfg.completes, chunk_size=cfg.chunk_size or None)
+                           cfg.sampler, cfg.guidance, complete=cfg.completes, chunk_size=cfg.chunk_size or None,
+                           completion_steps=S.completion_steps(cfg.completion))
         nfe += ro.counter.nfe
         batches.append((ro, cond))
     return Samples(batches, w0, prompts, metadata, nfe)

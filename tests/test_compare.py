@@ -42,6 +42,10 @@ def test_a_variant_names_every_axis_and_trains_with_exactly_those_settings():
     assert (cfg.algo, cfg.tp_rule, cfg.lr, cfg.clip_range, cfg.noise_level, cfg.window, cfg.iterations,
             cfg.eval_every) == ("tp-grpo", "base", 3e-3, 1e-3, 0.4, 3, 100, 20)
     assert (cfg.eval_prompts, cfg.eval_seed) == ("toy:validation", 3_000_017)
+    # a cheaper judge is one more axis, named only when it is not the paper's
+    judged = C.Variant("tp-grpo", completion="ode:2")
+    assert judged.name.endswith("_it30_ode2") and C.Variant("tp-grpo").name.endswith("_it30")
+    assert config.parse_config(["--task", "tiny", *judged.flags()]).completion == "ode:2"
     # the default variant is the tiny preset as the laboratory pinned it
     preset = config.parse_config(["--task", "tiny"])
     assert {k: getattr(preset, k) for k in C.PRESET} == C.PRESET

@@ -48,6 +48,15 @@ def lora_file(out, iteration, sub="lora"):
                                   "pytorch_lora_weights.safetensors"))
 
 
+@pytest.mark.parametrize("completion,per_trajectory", [("x0", 10), ("ode:2", 19)])
+def test_a_cheaper_judge_trains_at_its_cost(tmp_path, completion, per_trajectory):
+    # T = 10, W = 9: x0 adds no evaluation to the rollout's 10; ode:2 adds one per window state (its second step)
+    _, out = run(tmp_path, "--completion", completion)
+    history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [h["cost/evals_per_trajectory"] for h in history] == [per_trajectory] * 2
+    assert history[-1]["train/ratio_max"] > 1 and history[0]["train/first_ratio_dev"] == 0.0
+
+
 @pytest.mark.parametrize("algo", ["tp-grpo", "flow-grpo", "incremental"])
 def test_two_iterations_train_lora_only(tmp_path, algo):
     result, out = run(tmp_path, "--algo", algo)
@@ -291,6 +300,7 @@ def test_bad_prompts_and_model(tmp_path, capsys):
     _fails(tmp_path, capsys, ["--prompts", str(tmp_path / "empty.txt")], "is empty")
     _fails(tmp_path, capsys, ["--model", str(tmp_path / "no-model")], "cannot load the SD3 pipeline")
     _fails(tmp_path, capsys, ["--algo", "ppo"], "unknown --algo 'ppo'")
+    _fails(tmp_path, capsys, ["--completion", "ode:0"], "unknown completion 'ode:0'")
     _fails(tmp_path, capsys, ["--group-size", "3"], "must split evenly")
 
 
