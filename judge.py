@@ -23,6 +23,7 @@ import torch
 from matplotlib.figure import Figure
 
 import config
+import grpo
 import models
 import rewards
 import sampler as S
@@ -59,11 +60,11 @@ def sde_continuations(pipe, ro, cond, cfg, noise_level, M, seed, reward):
     mean, sd = torch.zeros(n, W + 1), torch.zeros(n, W + 1)
     for k in range(W):
         i = ro.w0 + k  # s_k sits at grid index w0 + k
-        x = ro.states[:, k].repeat_interleave(M, 0)  # (n*M, C, h, w)
-        gens = S.make_generators([S.member_seed(seed, k, j, m) for j in range(n) for m in range(M)])
-        cont = S.rollout(pipe.transformer, cond.repeat(M), x, gens, ro.sigmas[i:], ro.timesteps[i:], 0, W - k,
-                         noise_level, cfg.sampler, cfg.guidance)
-        r = reward(cont.final).reshape(n, M)  # (n, M)
+        x = ro.states[:, k].repeat(M, 1, 1, 1)  # (M*n, C, h, w): M blocks of the n states
+        gens = S.make_generators([S.member_seed(seed, k, j, m) for m in range(M) for j in range(n)])
+        cont = S.rollout(pipe.transformer, cond.rows(torch.arange(n).repeat(M)), x, gens, ro.sigmas[i:],
+                         ro.timesteps[i:], 0, W - k, noise_level, cfg.sampler, cfg.guidance)
+        r = reward(cont.final).reshape(M, n).T  # (n, M)
         mean[:, k], sd[:, k] = r.mean(1), r.std(1)
     mean[:, W] = reward(ro.final)  # (n,)
     return mean, sd
@@ -84,42 +85,82 @@ def agreement(R: torch.Tensor, truth: torch.Tensor) -> dict:
             "tp_rate": found.float().mean().item(), "tp_rate_truth": real.float().mean().item()}
 
 
-def measure(args) -> dict:
-    """For each noise level a: `members` trajectories of each of the 48 training captions (the tiny preset's T and
-    window), the ODE judge R_k of every window state, and the mean of M SDE continuations from it; their agreement
-    (`agreement`) and the Monte-Carlo error of the truth itself (mean sd / sqrt(M))."""
-    cfg, pipe, reward_fn, (sigmas, timesteps) = toy_setup()
-    metas = toyworld.all_metadata()
-    prompts = [toyworld.caption(m) for m in metas for _ in range(args.members)]  # (n,)
-    metas = [m for m in metas for _ in range(args.members)]
+def toy_trajectories(pipe, cfg, reward_fn, members: int, noise_level: float, seed: int):
+    """`members` trajectories of each of the 48 training captions (the tiny preset's T and window) with the ODE
+    judge of every window state: (rollout, conditioning, R_ode (n, W+1), reward: latents (m, ...) -> (m,), with m a
+    multiple of n in trajectory order), and the group id of every trajectory (n,)."""
+    metas = [m for m in toyworld.all_metadata() for _ in range(members)]
+    prompts = [toyworld.caption(m) for m in metas]  # (n,)
     cond = models.encode_prompts(pipe, prompts, cfg.guidance, cfg.max_sequence_length)
-    shape = models.latent_shape(pipe, cfg.resolution)
-    out = {"settings": {"prompts": len(set(prompts)), "members": args.members, "continuations": args.continuations,
+    gens = S.make_generators([S.member_seed(seed, 0, j // members, j % members) for j in range(len(prompts))])
+    x_T = S.draw_noise(gens, models.latent_shape(pipe, cfg.resolution), "cpu")  # (n, C, h, w)
+    sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps)
+    ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, cfg.window, noise_level, cfg.sampler,
+                   cfg.guidance, complete=True)
+    n = len(prompts)
+
+    def reward(latents):  # latents in blocks of n, trajectory order inside each block
+        reps = latents.shape[0] // n
+        return reward_of(pipe, reward_fn, latents, prompts * reps, metas * reps)
+
+    R_ode = reward(ro.completions.transpose(0, 1).flatten(0, 1)).reshape(cfg.window + 1, n).T  # (n, W+1)
+    return ro, cond, R_ode, reward, torch.arange(n) // members
+
+
+def measure(args) -> dict:
+    """For each noise level a: `members` trajectories of each training caption, the ODE judge R_k of every window
+    state, and the mean of M SDE continuations from it; their agreement (`agreement`) and the Monte-Carlo error of
+    the truth itself (mean sd / sqrt(M))."""
+    cfg, pipe, reward_fn, _ = toy_setup()
+    out = {"settings": {"prompts": 48, "members": args.members, "continuations": args.continuations,
                         "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler, "seed": args.seed},
            "levels": {}}
+    M = args.continuations
     for a in args.noise:
-        gens = S.make_generators([S.member_seed(args.seed, 0, j, 0) for j in range(len(prompts))])
-        x_T = S.draw_noise(gens, shape, "cpu")  # (n, C, h, w)
-        ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, cfg.window, a, cfg.sampler,
-                       cfg.guidance, complete=True)
-        n, W = x_T.shape[0], cfg.window
-        reps = lambda k: ([p for p in prompts for _ in range(k)], [m for m in metas for _ in range(k)])  # noqa: E731
-        R_ode = reward_of(pipe, reward_fn, ro.completions.flatten(0, 1), *reps(W + 1)).reshape(n, W + 1)
-        M = args.continuations
-        reward = lambda lat: reward_of(pipe, reward_fn, lat, *reps(lat.shape[0] // n))  # noqa: E731
+        ro, cond, R_ode, reward, _ = toy_trajectories(pipe, cfg, reward_fn, args.members, a, args.seed)
         truth, sd = sde_continuations(pipe, ro, cond, cfg, a, M, args.seed + 1, reward)  # (n, W+1) each
-        out["levels"][f"{a:g}"] = {**agreement(R_ode, truth), "mc_se": (sd / M**0.5).mean(0).tolist(),
-                                   "R_ode": R_ode.tolist(), "R_sde_mean": truth.tolist()}
-        row = out["levels"][f"{a:g}"]
+        row = {**agreement(R_ode, truth), "mc_se": (sd / M**0.5).mean(0).tolist(), "R_ode": R_ode.tolist(),
+               "R_sde_mean": truth.tolist()}
+        out["levels"][f"{a:g}"] = row
         print(f"a={a:g}: bias {fmt(row['bias'])} | corr {fmt(row['corr'])} | d-sign agreement "
               f"{fmt(row['d_sign_agree'])} | strict TPs: precision {row['tp_precision']:.2f} recall "
               f"{row['tp_recall']:.2f}", flush=True)
-    path = os.path.join(args.results, "judge", "ode_vs_sde.json")
+    write_json(out, os.path.join(args.results, "judge", "ode_vs_sde.json"))
+    report_measure(out, args.docs)
+    return out
+
+
+def fidelity(args) -> dict:
+    """The cheaper judges against the full ODE judge on the same window states (docs/method.md, 'Cheaper judges'):
+    `agreement` with R_ode as the truth, plus the correlation of TP-GRPO's per-timestep advantages (strict rule,
+    groups of `members` trajectories of one caption) and the evaluations each judge costs per trajectory."""
+    cfg, pipe, reward_fn, _ = toy_setup()
+    ro, cond, R_ode, reward, group = toy_trajectories(pipe, cfg, reward_fn, args.members, cfg.noise_level, args.seed)
+    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, group)[0], group)  # noqa: E731  (n, W)
+    out = {"settings": {"prompts": 48, "members": args.members, "steps": cfg.steps, "window": cfg.window,
+                        "noise_level": cfg.noise_level, "seed": args.seed}, "judges": {}}
+    for spec in args.judges:
+        K = S.completion_steps(spec)
+        count = models.EvalCounter()
+        completions = S.complete_naive(pipe.transformer, ro, cond, cfg.guidance, count, K)  # (n, W+1, C, h, w)
+        R = reward(completions.transpose(0, 1).flatten(0, 1)).reshape(cfg.window + 1, -1).T  # (n, W+1)
+        # the wavefront's cost: the rollout's T, plus every completion step but each branch's first
+        per_trajectory = cfg.steps + count.nfe / R.shape[0] - cfg.window
+        row = {**agreement(R, R_ode), "adv_corr": torch.corrcoef(torch.stack([adv(R).flatten(),
+                                                                                adv(R_ode).flatten()]))[0, 1].item(),
+               "evals_per_trajectory": per_trajectory}
+        out["judges"][spec] = row
+        print(f"{spec}: RMSE {fmt(row['rmse'])} | d-sign agreement {fmt(row['d_sign_agree'])} | strict TPs "
+              f"precision {row['tp_precision']:.2f} recall {row['tp_recall']:.2f} | advantage corr "
+              f"{row['adv_corr']:.3f}", flush=True)
+    write_json(out, os.path.join(args.results, "judge", "fidelity.json"))
+    return out
+
+
+def write_json(out: dict, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f)
-    report_measure(out, args.docs)
-    return out
 
 
 def fmt(values: list[float]) -> str:
@@ -234,8 +275,13 @@ def main():
     ms.add_argument("--seed", type=int, default=0)
     ms.add_argument("--results", default=os.path.join(ROOT, "results"))
     ms.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"))
+    fi = sub.add_parser("fidelity", help="cheaper judges (--completion) against the full ODE judge")
+    fi.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
+    fi.add_argument("--members", type=int, default=8, help="trajectories per training caption: a GRPO group")
+    fi.add_argument("--seed", type=int, default=0)
+    fi.add_argument("--results", default=os.path.join(ROOT, "results"))
     args = p.parse_args()
-    {"figures": figures, "measure": measure}[args.command](args)
+    {"figures": figures, "measure": measure, "fidelity": fidelity}[args.command](args)
 
 
 if __name__ == "__main__":
