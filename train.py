@@ -128,6 +128,9 @@ def setup(cfg: Config) -> Run:
                               project_dir=cfg.output_dir)
     if accelerator.state.deepspeed_plugin is not None:  # no dataloader: DeepSpeed cannot infer the micro-batch
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.train_batch
+        # DeepSpeed clips inside accelerator.backward (its engine.step) at its config's value; clip_grad_norm_ below
+        # only reads the norm back
+        accelerator.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm
     set_seed(cfg.seed)  # only LoRA's initial weights use the global RNG; every trajectory has its own generator
     resume_from = find_checkpoint(cfg) if cfg.resume else ""
     try:
