@@ -50,6 +50,7 @@ import evaluate
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ITEMS = ("sd35m_compile", "flux_dev", "train_runs", "deepspeed_zero2")
+PHASE_KEYS = ("sample", "reward", "train")  # train.py's time/<phase>_s: sampling, decode + reward, training
 # What the DeepSpeed launch's LoRA after one iteration may differ from the plain launch's (item 4):
 #   float32 (the dry run): the same arithmetic in another order (flattened buffers, another clip-norm reduction);
 #     relative L2 difference <= 1e-5 (measured on the CPU: 2e-8). A gradient clipped at another value, a missed or
@@ -99,9 +100,8 @@ def train_runs(args) -> dict:
         last = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][-1]
         runs[key] = {"iteration": last["iteration"], "peak_gib": peak,
                      "evals_per_trajectory": last["cost/evals_per_trajectory"],
-                     **{k: last[f"time/{k}_s"] for k in ("sample", "reward", "train")}}
-    tp, flow = runs["tp-grpo"], runs["flow-grpo"]
-    ratio = sum(tp[k] for k in ("sample", "reward", "train")) / sum(flow[k] for k in ("sample", "reward", "train"))
+                     **{k: last[f"time/{k}_s"] for k in PHASE_KEYS}}
+    ratio = sum(runs["tp-grpo"][k] for k in PHASE_KEYS) / sum(runs["flow-grpo"][k] for k in PHASE_KEYS)
     lora = os.path.join(args.out, "tp-grpo", "checkpoints", "iter-000002")
     model = ["--task", "tiny", "--model", "tiny", "--steps", "4", "--samples", "2"] if args.dry_run else \
         ["--task", "pickscore", "--model", "random-sd35m", "--steps", "10", "--samples", "4", "--batch", "4"]
@@ -131,7 +131,7 @@ def deepspeed_zero2(args) -> dict:
     seconds = {}
     for name, folder in (("plain", plain), ("deepspeed", out)):
         first = json.loads(open(os.path.join(folder, "metrics.jsonl")).readline())
-        seconds[name] = {k: first[f"time/{k}_s"] for k in ("sample", "reward", "train")}
+        seconds[name] = {k: first[f"time/{k}_s"] for k in PHASE_KEYS}
     return {**result, "first_iteration_s": seconds, "deepspeed_version": importlib.metadata.version("deepspeed")}
 
 
@@ -216,8 +216,19 @@ def _version() -> str:
         return "unknown (not a git checkout)"
 
 
-def _c(value, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+def _c(value, fmt: str, unit: str = "") -> str:
+    return "-" if value is None else format(value, fmt) + unit
+
+
+def _rate(row: dict) -> float:
+    """A bench row's TFLOP/s."""
+    return row["flops"] / 1e12 / row["seconds"]
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    """Markdown table lines."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)]
 
 
 def markdown(report: dict) -> str:
@@ -236,39 +247,34 @@ def markdown(report: dict) -> str:
             continue
         if name == "sd35m_compile":
             by = {r["phase"]: r for r in item["rows"]}
-            lines += ["| phase | batch | eager s | compiled s | speed-up | eager TFLOP/s | compiled TFLOP/s | "
-                      "compile warm-up s | peak GiB |", "|---|---|---|---|---|---|---|---|---|"]
-            for key in ("a", "c"):
-                e, c = by[key], by[key + "*"]
-                rate = [r["flops"] / 1e12 / r["seconds"] for r in (e, c)]
-                lines.append(f"| {e['layout']} | {e['batch']} | {e['seconds']:.3f} | {c['seconds']:.3f} | "
-                             f"{e['seconds'] / c['seconds']:.2f} | {rate[0]:.3g} | {rate[1]:.3g} | "
-                             f"{c['warmup_s']:.1f} | {_c(c['peak_gib'], '.1f')} |")
+            lines += _table(["phase", "batch", "eager s", "compiled s", "speed-up", "eager TFLOP/s", "compiled TFLOP/s",
+                             "compile warm-up s", "peak GiB"],
+                            [[e["layout"], e["batch"], f"{e['seconds']:.3f}", f"{c['seconds']:.3f}",
+                              f"{e['seconds'] / c['seconds']:.2f}", f"{_rate(e):.3g}", f"{_rate(c):.3g}",
+                              f"{c['warmup_s']:.1f}", _c(c["peak_gib"], ".1f")]
+                             for e, c in ((by[k], by[k + "*"]) for k in ("a", "c"))])
         elif name == "flux_dev":
-            lines += ["| phase | batch | nfe/traj | calls | seconds | TFLOP | TFLOP/s | peak GiB |",
-                      "|---|---|---|---|---|---|---|---|"]
-            for r in item["rows"]:
-                lines.append(f"| {r['layout']} | {r['batch']} | {_c(r['nfe'], '.0f')} | {_c(r['calls'], 'd')} | "
-                             f"{r['seconds']:.3f} | {r['flops'] / 1e12:.4g} | {r['flops'] / 1e12 / r['seconds']:.3g} "
-                             f"| {_c(r['peak_gib'], '.1f')} |")
+            lines += _table(["phase", "batch", "nfe/traj", "calls", "seconds", "TFLOP", "TFLOP/s", "peak GiB"],
+                            [[r["layout"], r["batch"], _c(r["nfe"], ".0f"), _c(r["calls"], "d"), f"{r['seconds']:.3f}",
+                              f"{r['flops'] / 1e12:.4g}", f"{_rate(r):.3g}", _c(r["peak_gib"], ".1f")]
+                             for r in item["rows"]])
         elif name == "train_runs":
-            lines += ["| | sampling | decode + reward | training | iteration | peak GPU memory |",
-                      "|---|---|---|---|---|---|"]
+            rows = []
             for key, r in item["runs"].items():
-                total = r["sample"] + r["reward"] + r["train"]
                 ratio = f" (tp-grpo / flow-grpo = {item['tp_over_flow']:.2f})" if key == "flow-grpo" else ""
-                lines.append(f"| {key} (iteration {r['iteration']}) | {r['sample']:.2f} s | {r['reward']:.2f} s | "
-                             f"{r['train']:.2f} s | {total:.2f} s{ratio} | {_c(r['peak_gib'], '.1f')} GiB |"
-                             .replace("| - GiB |", "| - |"))
+                rows.append([f"{key} (iteration {r['iteration']})", *(f"{r[k]:.2f} s" for k in PHASE_KEYS),
+                             f"{sum(r[k] for k in PHASE_KEYS):.2f} s{ratio}", _c(r["peak_gib"], ".1f", " GiB")])
             ev = item["evaluate"]
+            lines += _table(["", "sampling", "decode + reward", "training", "iteration", "peak GPU memory"], rows)
             lines += ["", f"evaluate.py on {ev['checkpoint']}: reward {ev['reward']:.4f}, {ev['seconds']:.1f} s"]
         elif name == "deepspeed_zero2":
-            s = item["first_iteration_s"]
-            lines += ["| LoRA dtype (plain / DeepSpeed) | rel. L2 difference | lora_B cosine | lora_B norm ratio - 1 | "
-                      "tolerance | within | first iteration, plain / DeepSpeed |", "|---|---|---|---|---|---|---|",
-                      f"| {item['plain_dtype']} / {item['lora_dtype']} | {item['rel_l2']:.3g} | {item['cos_b']:.4f} "
-                      f"| {item['norm_b']:+.3g} | {item['tolerance']} | {item['within_tolerance']} | "
-                      f"{sum(s['plain'].values()):.2f} s / {sum(s['deepspeed'].values()):.2f} s |"]
+            secs = item["first_iteration_s"]
+            lines += _table(["LoRA dtype (plain / DeepSpeed)", "rel. L2 difference", "lora_B cosine",
+                             "lora_B norm ratio - 1", "tolerance", "within", "first iteration, plain / DeepSpeed"],
+                            [[f"{item['plain_dtype']} / {item['lora_dtype']}", f"{item['rel_l2']:.3g}",
+                              f"{item['cos_b']:.4f}", f"{item['norm_b']:+.3g}", item["tolerance"],
+                              item["within_tolerance"],
+                              f"{sum(secs['plain'].values()):.2f} s / {sum(secs['deepspeed'].values()):.2f} s"]])
         lines.append("")
     return "\n".join(lines)
 
