@@ -7,7 +7,10 @@ themselves (tests/test_structure.py checks the source for it); they call `gather
 move the tensor first, so the rule holds by construction (tests/test_train.py checks the helpers against an
 accelerator that, like NCCL, rejects tensors off its device).
 
-Used by train.py (rewards, statistics, weight fingerprints) and evaluate.py (per-image values).
+Used by train.py (rewards, statistics, weight fingerprints) and evaluate.py (per-image values); tested by
+`python -m pytest tests/test_train.py -k collectives tests/test_structure.py`.
+
+Shape legend: P processes; gather takes (m, ...) on each and returns (P*m, ...), reduce_sum keeps the shape.
 """
 
 from __future__ import annotations

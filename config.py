@@ -42,8 +42,10 @@ class Config:
     algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
     tp_rule: str = _f("strict", "turning-point rule: strict (Def. 5.1, 'w/ constraint') | base (Def. 4.1)")
     rewards: str = _f("pickscore:1", "reward models with weights, 'name:w,name:w' (rewards.py)")
-    prompts: str = _f("dataset/pickscore_sfw/train.txt", "training prompts: .txt (one a line) or GenEval .jsonl")
-    eval_prompts: str = _f("dataset/pickscore_sfw/test.txt", "evaluation prompts (same formats)")
+    prompts: str = _f("dataset/pickscore_sfw/train.txt", "training prompts: an official set's name (dataset/..., "
+                                                         "fetched on first use: prompt_sets.py), a .txt (one a line) "
+                                                         "or GenEval .jsonl, or toy:train / toy:heldout")
+    eval_prompts: str = _f("dataset/pickscore_sfw/test.txt", "evaluation prompts (same forms)")
     # sampling (Sec. 3): the grid and the guidance, in training and at evaluation
     resolution: int = _f(512, "image side in pixels")
     steps: int = _f(10, "T, sampling steps during training")
