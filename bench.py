@@ -25,6 +25,8 @@ reported.
                                            # SD3.5-M's shapes with random weights, 512 px: no download
   python bench.py --size random-sd35m --device cuda --dtype bf16 --batches 16 --compile
                                            # also (a*) and (c*): the transformer compiled (torch.compile)
+  python bench.py --size random-sd35m --device cuda --dtype bf16 --batches 8 --compile --phases a,c
+                                           # only some phases (gpu_check.py's SD3.5-M compile item)
   python bench.py --size random-sd35m --device meta --batches 8
                                            # the same shapes on no memory at all: FLOPs only (a CPU-safe check)
   python bench.py --size tiny-flux --steps 6 --window 5 --guidance 3.5
@@ -122,30 +124,38 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
                 S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter)
         return counter, ro
 
-    rows = []
-    for name, complete, naive in [("(a) Flow-GRPO rollout", False, False),
-                                  ("(b) TP-GRPO, demo-code layout", False, True),
-                                  ("(c) TP-GRPO, batched wavefront", True, False)]:
-        row = measure(lambda: rollout(complete, naive), args)
-        counter, ro = row.pop("out")
-        rows.append(dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls))
+    rows, ro = {}, None
+    for key, name, complete, naive in [("a", "(a) Flow-GRPO rollout", False, False),
+                                       ("b", "(b) TP-GRPO, demo-code layout", False, True),
+                                       ("c", "(c) TP-GRPO, batched wavefront", True, False)]:
+        if key in args.phases:
+            row = measure(lambda: rollout(complete, naive), args)
+            counter, ro = row.pop("out")
+            rows[key] = dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls)
     if args.compile:
         # the transformer compiled for calls of `rows` images: by default one rollout call (n, x2 with SD3's CFG),
         # so the wavefront's calls of n(1 + live) trajectories split into whole chunks, as in train.py --compile
         fixed = models.CompiledTransformer(pipe.transformer, args.compile_rows or n * _cfg_pair(pipe, args),
                                            args.compile_backend)
-        for name, complete, eager in [("(a*) Flow-GRPO rollout, compiled", False, rows[0]),
-                                      ("(c*) TP-GRPO wavefront, compiled", True, rows[2])]:
-            row = measure(lambda: rollout(complete, transformer=fixed), args, flops=eager["flops"])
-            counter, _ = row.pop("out")
-            rows.append(dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls))
+        for key, name, complete in [("a*", "(a*) Flow-GRPO rollout, compiled", False),
+                                    ("c*", "(c*) TP-GRPO wavefront, compiled", True)]:
+            if key[0] in rows:  # the compiled twin of a phase that ran eager, with its FLOPs
+                row = measure(lambda: rollout(complete, transformer=fixed), args, flops=rows[key[0]]["flops"])
+                counter, _ = row.pop("out")
+                rows[key] = dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls)
+    if ro is None:  # decoding and training need a rollout's latents and states: one Flow-GRPO rollout, untimed
+        _, ro = rollout(False)
 
     # the VAE as train.py runs it (float32), and a bf16 copy of it for comparison
     # the transformer rides along for decode's is_flux switch (FLUX latents are unpacked first)
-    vae_bf16 = types.SimpleNamespace(vae=copy.deepcopy(pipe.vae).bfloat16(), transformer=pipe.transformer)
-    for name, holder in [("(d) decode, VAE float32", pipe), ("(d') decode, VAE bf16", vae_bf16)]:
-        row = measure(lambda: models.decode(holder, ro.final), args)
-        rows.append(dict(row, layout=name, nfe=None, calls=None, out=None))
+    for key, name in [("d", "(d) decode, VAE float32"), ("d'", "(d') decode, VAE bf16")]:
+        if key in args.phases:
+            holder = pipe if key == "d" else \
+                types.SimpleNamespace(vae=copy.deepcopy(pipe.vae).bfloat16(), transformer=pipe.transformer)
+            row = measure(lambda: models.decode(holder, ro.final), args)
+            rows[key] = dict(row, layout=name, nfe=None, calls=None, out=None)
+    if "e" not in args.phases:
+        return [dict(r, batch=n, phase=k) for k, r in rows.items()]
 
     params = [p for p in pipe.transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
@@ -165,8 +175,13 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
         pipe.transformer.eval()
 
     row = measure(train_step, args)
-    rows.append(dict(row, layout=f"(e) training step, {cfg.window} steps", nfe=None, calls=None))
-    return [dict(r, batch=n) for r in rows]
+    rows["e"] = dict(row, layout=f"(e) training step, {cfg.window} steps", nfe=None, calls=None)
+    return [dict(r, batch=n, phase=k) for k, r in rows.items()]
+
+
+PHASES = ("a", "b", "c", "d", "d'", "e")  # (a*) and (c*) follow (a) and (c) with --compile
+RATIOS = [("ratio b/c (batching speed-up)", "b", "c"), ("ratio c/a (cost of TP credit)", "c", "a"),
+          ("ratio a/a* (compile speed-up)", "a", "a*"), ("ratio c/c* (compile speed-up)", "c", "c*")]
 
 
 def _cfg_pair(pipe, args) -> int:
@@ -201,7 +216,12 @@ def main(argv: list[str] | None = None):
     p.add_argument("--compile-rows", type=int, default=0,
                    help="images per compiled call (0: one rollout call, n x2 with SD3's CFG)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (eager: trace only)")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help="the phases to run, comma-separated: a, b, c, d, d', e (--compile adds a* / c* to a / c)")
     args = p.parse_args(argv)
+    args.phases = args.phases.split(",")
+    if not set(args.phases) <= set(PHASES):
+        p.error(f"--phases {','.join(args.phases)}: choose from {','.join(PHASES)}")
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     args.resolution = {"tiny": 16, "tiny-flux": 32}.get(args.size, 512)
     args.max_sequence_length = 32 if args.size in models.TINY else 128
@@ -230,10 +250,8 @@ def run(args) -> list[dict]:
             print(f"{n:>5}  {r['layout']:<34} {_cell(r['nfe'], '.0f', 10)} {_cell(r['calls'], 'd', 6)} "
                   f"{_cell(r['seconds'], '.3f', 9)} {r['flops'] / 1e12:>9.4g} {_cell(rate, '.3g', 8)} "
                   f"{_cell(r['peak_gib'], '.1f', 8)} {_cell(r['warmup_s'], '.1f', 9)}")
-        a, b, c = rows[:3]
-        pairs = [("ratio b/c (batching speed-up)", b, c), ("ratio c/a (cost of TP credit)", c, a)]
-        if args.compile:
-            pairs += [("ratio a/a* (compile speed-up)", a, rows[3]), ("ratio c/c* (compile speed-up)", c, rows[4])]
+        by = {r["phase"]: r for r in rows}
+        pairs = [(label, by[x], by[y]) for label, x, y in RATIOS if x in by and y in by]
         for label, x, y in pairs:
             seconds = x["seconds"] / y["seconds"] if x["seconds"] else None
             print(f"{n:>5}  {label:<34} {x['nfe'] / y['nfe']:>10.2f} {x['calls'] / y['calls']:>6.1f} "

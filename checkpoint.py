@@ -4,7 +4,9 @@ weights in diffusers' format (so that a checkpoint loads in plain diffusers with
 A checkpoint is output_dir/checkpoints/iter-NNNNNN/ holding accelerate's state (the trainable weights as
 safetensors, the optimizer and RNG states), progress.json, config.json, ema.safetensors (with EMA), lora/ and
 lora_ema/ (diffusers' LoRA format; transformer/ instead with full fine-tuning). Written under a .tmp name and
-renamed when complete.
+renamed when complete. Under DeepSpeed the engine writes its own state instead of model.safetensors and
+optimizer.bin: pytorch_model/ with the trainable weights (frozen ones left out) and each process's shard of the
+optimizer (the README's DeepSpeed section).
 
 Used by train.py; tested by tests/test_train.py (resume is bit-exact, checkpoints load in diffusers).
 """
@@ -19,6 +21,7 @@ import sys
 from dataclasses import dataclass
 
 import safetensors.torch
+from accelerate.utils import DistributedType
 
 from config import Config
 from policy import EMA, save_weights
@@ -34,9 +37,10 @@ class Progress:
 def register_trainable_only_hooks(accelerator):
     """accelerate's save_state keeps only the trainable weights (LoRA), not gigabytes of frozen base weights."""
     def save_hook(models, weights, output_dir):
-        for i, model in enumerate(models):
+        # under DeepSpeed `weights` is empty: the engine has written its own checkpoint (save_checkpoint)
+        for i, (model, state) in enumerate(zip(models, weights)):
             keep = {name for name, p in model.named_parameters() if p.requires_grad}
-            weights[i] = {k: v for k, v in weights[i].items() if k in keep}
+            weights[i] = {k: v for k, v in state.items() if k in keep}
 
     def load_hook(models, input_dir):
         for i in range(len(models)):
@@ -77,7 +81,9 @@ def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progres
     complete. Returns the folder."""
     final = os.path.join(cfg.output_dir, "checkpoints", f"iter-{progress.iteration:06d}")
     tmp = final + ".tmp"
-    accelerator.save_state(tmp)
+    # DeepSpeed's engine saves the whole module unless told otherwise: gigabytes of frozen base weights
+    accelerator.save_state(tmp, **({"exclude_frozen_parameters": True} if _deepspeed(accelerator) else {}))
+    accelerator.wait_for_everyone()  # every process has written its files (RNG states, optimizer shards) into tmp
     if accelerator.is_main_process:
         save_weights(transformer, os.path.join(tmp, "lora"))
         if ema is not None:
@@ -99,7 +105,8 @@ def load_checkpoint(accelerator, ema: EMA | None, progress: Progress, folder: st
     """accelerate's state (trainable weights as safetensors; optimizer, RNG states as pickles), then ours:
     progress.json and ema.safetensors, not accelerate's pickled custom state. Exits with one line if the EMA does
     not fit."""
-    accelerator.load_state(folder)
+    # the DeepSpeed checkpoint holds the trainable weights alone (save_checkpoint), so the frozen ones are missing
+    accelerator.load_state(folder, **({"load_module_strict": False} if _deepspeed(accelerator) else {}))
     progress.iteration = json.load(open(os.path.join(folder, "progress.json")))["iteration"]
     if ema is not None:
         try:
@@ -107,3 +114,7 @@ def load_checkpoint(accelerator, ema: EMA | None, progress: Progress, folder: st
         except ValueError as e:
             sys.exit(f"error: {e}")
     accelerator.print(f"resumed from {folder} at iteration {progress.iteration}")
+
+
+def _deepspeed(accelerator) -> bool:
+    return accelerator.distributed_type == DistributedType.DEEPSPEED

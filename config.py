@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import models
+import prompt_sets
 import sampler as S
 import toyworld
 import turning_points as tp
@@ -47,8 +48,10 @@ class Config:
     algo: str = _f("tp-grpo", "tp-grpo | flow-grpo (outcome reward on every step) | incremental (r_k = d_k)")
     tp_rule: str = _f("strict", "turning-point rule: strict (Def. 5.1, 'w/ constraint') | base (Def. 4.1)")
     rewards: str = _f("pickscore:1", "reward models with weights, 'name:w,name:w' (rewards.py)")
-    prompts: str = _f("dataset/pickscore_sfw/train.txt", "training prompts: .txt (one a line) or GenEval .jsonl")
-    eval_prompts: str = _f("dataset/pickscore_sfw/test.txt", "evaluation prompts (same formats)")
+    prompts: str = _f("dataset/pickscore_sfw/train.txt", "training prompts: an official set's name (dataset/..., "
+                                                         "fetched on first use: prompt_sets.py), a .txt (one a line) "
+                                                         "or GenEval .jsonl, or toy:train / toy:heldout")
+    eval_prompts: str = _f("dataset/pickscore_sfw/test.txt", "evaluation prompts (same forms)")
     # sampling (Sec. 3): the grid and the guidance, in training and at evaluation
     resolution: int = _f(512, "image side in pixels")
     steps: int = _f(10, "T, sampling steps during training")
@@ -280,11 +283,11 @@ def load_prompt_set(spec: str):
 
 
 def load_prompts(path):
-    """A prompt set: .txt (one prompt a line, metadata {}) or GenEval .jsonl -> (prompts, metadata records)."""
-    path = Path(path)
-    where = ("the official sets are in the TurningPoint-GRPO repository (github.com/YunzeTong/TurningPoint-GRPO), "
-             "folder dataset/: pickscore_sfw/{train,test}.txt, ocr/{train,test}.txt, "
-             "geneval/{train,test}_metadata.jsonl, drawbench/")
+    """A prompt set: .txt (one prompt a line, metadata {}) or GenEval .jsonl -> (prompts, metadata records). An
+    official set's name (`dataset/...`, as the presets write it) is its verified copy in the data folder, fetched
+    on first use (prompt_sets.py); any other path is read as it is."""
+    path = prompt_sets.local_copy(path) if prompt_sets.is_official(path) else Path(path)
+    where = f"the official sets, fetched by these names on first use, are {', '.join(prompt_sets.FILES)}"
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} not found; {where}")
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -37,6 +37,7 @@ from accelerate import Accelerator
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
+import collectives
 import config
 import geneval
 import models
@@ -74,9 +75,8 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     index = torch.tensor(mine)  # (m,)
     values = {k: torch.cat(v) for k, v in values.items()}  # {metric: (m,)}
     if accelerator is not None and P > 1:
-        dev = accelerator.device
-        index = accelerator.gather(index.to(dev)).cpu()  # (P*m,)
-        values = {k: accelerator.gather(v.to(dev)).cpu() for k, v in values.items()}
+        index = collectives.gather(accelerator, index).cpu()  # (P*m,)
+        values = {k: collectives.gather(accelerator, v).cpu() for k, v in values.items()}
     keep = torch.zeros(samples, dtype=torch.long)
     keep[index] = torch.arange(index.numel())  # one row per image index: the padding duplicates drop out
     values = {k: v[keep] for k, v in values.items()}  # {metric: (M,)}

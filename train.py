@@ -47,6 +47,7 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import parse_flag_from_env, set_seed
 from tqdm.auto import tqdm
 
+import collectives
 import config
 import evaluate
 import grpo
@@ -132,7 +133,7 @@ def main(cfg: Config) -> dict:
         samples = sample(run, it)  # 1. B x G trajectories, SDE window, completions
         t1 = time.perf_counter()
         R_mine, finals = score(run, samples)  # 2. R (n, W+1): one reward per completion
-        nfe = int(acc.gather(torch.tensor([samples.nfe], device=acc.device)).sum())
+        nfe = int(collectives.gather(acc, torch.tensor([samples.nfe])).sum())
         t2 = time.perf_counter()
         # 3. per-step rewards with turning points, per-timestep advantages
         R_all, kept, detected, adv = assign_credit(acc, R_mine, run.mine, cfg)
@@ -184,6 +185,9 @@ def setup(cfg: Config) -> Run:
                               project_dir=cfg.output_dir)
     if accelerator.state.deepspeed_plugin is not None:  # no dataloader: DeepSpeed cannot infer the micro-batch
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.train_batch
+        # DeepSpeed clips inside accelerator.backward (its engine.step) at its config's value; clip_grad_norm_ below
+        # only reads the norm back
+        accelerator.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm
     set_seed(cfg.seed)  # only LoRA's initial weights use the global RNG; every trajectory has its own generator
     resume_from = find_checkpoint(cfg) if cfg.resume else ""
     try:
@@ -294,8 +298,7 @@ def score(run: Run, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
         R.append(total.reshape(m, reps))  # (b, W+1) or (b, 1)
         for k, v in parts.items():
             finals.setdefault(k, []).append(v.reshape(m, reps)[:, -1])  # (b,) the final image's
-    gather = run.accelerator.gather
-    finals = {k: gather(torch.cat(v).to(run.accelerator.device)).mean().item() for k, v in finals.items()}
+    finals = {k: collectives.gather(run.accelerator, torch.cat(v)).mean().item() for k, v in finals.items()}
     return torch.cat(R).to(run.accelerator.device), finals  # (n, W+1) or (n, 1)
 
 
@@ -310,10 +313,10 @@ def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Co
     detected ones (N, W) (all False for Flow-GRPO, which has no completions) and this process's advantages (n, W).
     """
     N, W = cfg.prompts_per_iter * cfg.group_size, cfg.window
-    device = R_mine.device
+    device = accelerator.device
     R_all = torch.empty(N, R_mine.shape[1], device=device)  # (N, W+1) or (N, 1)
     # rows go back to trajectory order j, so that trajectory j is member j % G of group j // G
-    R_all[accelerator.gather(mine.to(device))] = accelerator.gather(R_mine)
+    R_all[collectives.gather(accelerator, mine)] = collectives.gather(accelerator, R_mine)
     R_all = R_all.cpu()
     group = torch.arange(N) // cfg.group_size  # (N,) prompt group of every trajectory
     if cfg.completes:  # TP-GRPO and the incremental ablation: a reward per step, normalized per step
@@ -464,7 +467,7 @@ def finish(run: Run, summaries: dict, history_path: str) -> list[float]:
     """The reward curve, the evaluations' summary lines, and a fingerprint of every process's weights (DDP keeps
     them identical by construction; the fingerprints prove it). Returns the fingerprints."""
     acc = run.accelerator
-    sums = acc.gather(torch.tensor([params_checksum(run.params)], device=acc.device)).tolist()
+    sums = collectives.gather(acc, torch.tensor([params_checksum(run.params)])).tolist()
     if acc.is_main_process:
         evaluate.plot_history(history_path, os.path.join(run.cfg.output_dir, "reward_curve.png"), summaries)
         for tag, summary in summaries.items():
@@ -535,7 +538,7 @@ class UpdateStats:
         out = mean_over_processes(acc, self.sums)
         out.update({f"first_{k}": v for k, v in mean_over_processes(acc, self.first).items()})
         out["first_ratio_dev"] = max_over_processes(acc, self.first_dev)
-        out["zero_adv_frac"] = float(acc.reduce(zero_adv.sum().to(acc.device), "sum")) / N
+        out["zero_adv_frac"] = float(collectives.reduce_sum(acc, zero_adv.sum())) / N
         out["grad_norm"] = sum(self.grad_norms) / max(len(self.grad_norms), 1)
         return out
 
@@ -543,14 +546,13 @@ class UpdateStats:
 def mean_over_processes(accelerator, sums: dict[str, float]) -> dict[str, float]:
     """{name: sum of value x rows, 'rows': rows} from every process -> {name: mean per row} over all processes."""
     keys = sorted(sums)
-    total = accelerator.reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64,
-                                            device=accelerator.device), "sum").tolist()
+    total = collectives.reduce_sum(accelerator, torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()
     rows = max(total[keys.index("rows")], 1.0) if keys else 1.0
     return {k: v / rows for k, v in zip(keys, total) if k != "rows"}
 
 
 def max_over_processes(accelerator, value: float) -> float:
-    return float(accelerator.gather(torch.tensor([value], device=accelerator.device)).max())
+    return float(collectives.gather(accelerator, torch.tensor([value])).max())
 
 
 def params_checksum(params: list[torch.Tensor]) -> float:

@@ -1,6 +1,7 @@
 """The house rules a reader relies on, checked on the source text (no imports, so it runs in milliseconds): the
 top-level modules import each other without a cycle, none of them imports train.py (the script at the top of the
-graph), every import sits at the top of its file, and no comment cites a document the reader does not have."""
+graph), every import sits at the top of its file, no comment cites a document the reader does not have, and every
+collective goes through collectives.py (which puts its tensors on the accelerator's device, as NCCL needs)."""
 
 import ast
 import glob
@@ -74,3 +75,30 @@ def test_no_citation_of_a_document_outside_the_repository():
                         ("/{", "/*") and not os.path.exists(os.path.join(ROOT, m[1]))]
     assert not cited, f"an internal document cited at {cited}; cite the paper or docs/method.md"
     assert not missing, f"paths into the repository that do not exist: {missing}"
+
+
+# accelerate's and torch.distributed's collectives; an accelerator is spelled `acc`, `accelerator` or `x.accelerator`
+COLLECTIVES = {"gather", "reduce", "broadcast", "gather_for_metrics", "gather_object", "pad_across_processes",
+               "broadcast_object_list", "all_reduce", "all_gather", "reduce_scatter"}
+ACCELERATOR = re.compile(r"(^|\.)(acc|accelerator)$")
+
+
+def test_every_collective_goes_through_collectives_py():
+    """NCCL rejects CPU tensors and gloo (the CPU tests) accepts them, so only collectives.py may call a collective:
+    it moves every tensor to the accelerator's device first. Any other use of one, called or merely named (an
+    alias such as `gather = acc.gather`), fails here."""
+    found = []
+    for name, path in MODULES.items():
+        if name == "collectives":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            direct = isinstance(node, ast.Attribute) and node.attr in COLLECTIVES and \
+                ACCELERATOR.search(ast.unparse(node.value))
+            imported = isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (getattr(node, "module", None) or a.name).startswith("torch.distributed") or
+                (getattr(node, "module", None) or "").startswith("accelerate") and a.name in COLLECTIVES
+                for a in node.names)
+            distributed = isinstance(node, ast.Attribute) and ast.unparse(node).startswith("torch.distributed")
+            if direct or imported or distributed:
+                found.append(f"{name}.py:{node.lineno} {ast.unparse(node)[:60]}")
+    assert not found, f"collectives outside collectives.py (use collectives.gather / reduce_sum): {found}"

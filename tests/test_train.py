@@ -20,6 +20,7 @@ from peft.tuners.lora import LoraLayer
 from PIL import Image
 from safetensors.torch import load_file
 
+import collectives
 import config
 import evaluate
 import grpo
@@ -255,6 +256,28 @@ def test_two_processes_train_in_sync(tmp_path):
                             "--checkpoint", checkpoint, "--samples", "5", "--output", str(tmp_path / "ev1"),
                             "--steps", "4"])
     assert abs(single["reward"] - written["reward"]) < 1e-5  # the same 5 images, however many processes
+
+
+class NcclLike:
+    """An accelerator whose collectives take only tensors on its device, as NCCL's do (gloo, the CPU tests' backend,
+    would take any); its device is the meta device, so that a CPU tensor is off it."""
+
+    device = torch.device("meta")
+
+    def gather(self, tensor):
+        assert tensor.device == self.device, f"a {tensor.device} tensor handed to a collective on {self.device}"
+        return tensor
+
+    def reduce(self, tensor, op):
+        return self.gather(tensor)
+
+
+def test_collectives_hand_the_accelerator_tensors_on_its_device():
+    acc = NcclLike()
+    with pytest.raises(AssertionError, match="a cpu tensor"):
+        acc.gather(torch.ones(2))  # what a direct call from train.py would do (tests/test_structure.py forbids it)
+    assert collectives.gather(acc, torch.ones(2)).device == acc.device
+    assert collectives.reduce_sum(acc, torch.ones(3, dtype=torch.float64)).device == acc.device
 
 
 def test_groups_split_over_processes_get_single_process_advantages(tmp_path):
