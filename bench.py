@@ -5,7 +5,8 @@ Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 
   (a) Flow-GRPO rollout: T transformer calls, T evaluations per trajectory, no completion.
   (b) TP-GRPO as the authors' demo code lays it out: the rollout, a separate pure-ODE run for R_0, then one ODE
       completion per window state, one after the other (sampler.complete_naive): 64 evaluations for T=10, W=9.
-  (c) TP-GRPO batched (sampler.rollout(complete=True)): the wavefront, 55 evaluations in T calls.
+  (c) TP-GRPO batched (sampler.rollout(complete=True)): the wavefront, 55 evaluations in T calls; with --judges,
+      (c) again for each cheaper judge of the window states (docs/method.md, 'Cheaper judges'): ode:K, x0.
   (d) decoding n latents with the VAE in float32 (what train.py does, as the demo code), and (d') in bf16 for
       comparison: TP-GRPO decodes W+1 images per trajectory.
   (a*), (c*) with --compile: (a) and (c) with the transformer compiled for calls of a fixed size
@@ -33,6 +34,16 @@ reported.
   python bench.py --size random-flux-dev --device cuda --dtype bf16 --steps 6 --window 5 --guidance 3.5 --batches 3
                                            # FLUX: the presets' T = 6, W = 5 (--device meta: FLOPs only)
 
+After the phases, one iteration's cost per trajectory for Flow-GRPO and for TP-GRPO with each judge: transformer
+evaluations and FLOPs of sampling, the images decoded (1 or W + 1) and the VAE's FLOPs, the reward model's FLOPs
+(PickScore's CLIP-H/14 at 224 px, counted on the meta device whatever --size), the training step's FLOPs (e), and
+the total against Flow-GRPO's: the predicted TP/Flow cost ratio per iteration (and measured seconds off the meta
+device, the reward model excluded: it is not loaded).
+
+  python bench.py --size random-sd35m --device meta --batches 9 --judges ode:3,ode:2,x0     # SD3.5-M, T = 10, W = 9
+  python bench.py --size random-flux-dev --device meta --steps 6 --window 5 --guidance 3.5 --batches 3 \
+      --judges ode:3,ode:2,x0                                                                # FLUX.1-dev, T = 6
+
 Shape legend: n trajectories per batch, C/h/w latent channels/height/width, L text tokens, D text width, P pooled
 width.
 """
@@ -48,6 +59,7 @@ import types
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+from transformers import CLIPConfig, CLIPModel
 
 import config
 import models
@@ -113,12 +125,13 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
     with autocast():
         cond = models.encode_prompts(pipe, ["a photo of four books"], args.guidance, args.max_sequence_length).repeat(n)
 
-    def rollout(complete: bool, naive: bool = False, transformer=pipe.transformer):
+    def rollout(complete: bool, naive: bool = False, transformer=pipe.transformer, judge: str = "ode"):
         gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(n)])
         x_T = S.draw_noise(gens, shape, args.device)  # (n, C, h, w)
         with autocast():
             ro = S.rollout(transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
-                           "cps", args.guidance, complete=complete, chunk_size=args.chunk_size)
+                           "cps", args.guidance, complete=complete, chunk_size=args.chunk_size,
+                           completion_steps=S.completion_steps(judge))
             counter = models.EvalCounter(ro.counter.nfe, ro.counter.calls)
             if naive:
                 S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter)
@@ -132,6 +145,10 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
             row = measure(lambda: rollout(complete, naive), args)
             counter, ro = row.pop("out")
             rows[key] = dict(row, layout=name, nfe=counter.nfe / n, calls=counter.calls)
+    for judge in args.judges if "c" in args.phases else []:
+        row = measure(lambda: rollout(True, judge=judge), args)
+        counter, _ = row.pop("out")
+        rows[f"c:{judge}"] = dict(row, layout=f"(c) wavefront, judge {judge}", nfe=counter.nfe / n, calls=counter.calls)
     if args.compile:
         # the transformer compiled for calls of `rows` images: by default one rollout call (n, x2 with SD3's CFG),
         # so the wavefront's calls of n(1 + live) trajectories split into whole chunks, as in train.py --compile
@@ -216,10 +233,16 @@ def main(argv: list[str] | None = None):
     p.add_argument("--compile-rows", type=int, default=0,
                    help="images per compiled call (0: one rollout call, n x2 with SD3's CFG)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (eager: trace only)")
+    p.add_argument("--judges", default="", help="cheaper judges to time as (c) too, comma-separated: ode:K, x0")
     p.add_argument("--phases", default=",".join(PHASES),
                    help="the phases to run, comma-separated: a, b, c, d, d', e (--compile adds a* / c* to a / c)")
     args = p.parse_args(argv)
     args.phases = args.phases.split(",")
+    args.judges = [j for j in args.judges.split(",") if j]
+    try:
+        [S.completion_steps(j) for j in args.judges]
+    except ValueError as e:
+        p.error(f"--judges: {e}")
     if not set(args.phases) <= set(PHASES):
         p.error(f"--phases {','.join(args.phases)}: choose from {','.join(PHASES)}")
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -256,8 +279,43 @@ def run(args) -> list[dict]:
             seconds = x["seconds"] / y["seconds"] if x["seconds"] else None
             print(f"{n:>5}  {label:<34} {x['nfe'] / y['nfe']:>10.2f} {x['calls'] / y['calls']:>6.1f} "
                   f"{_cell(seconds, '.2f', 9)} {x['flops'] / y['flops']:>9.2f}")  # FLOP ratio
+        if {"a", "c", "d", "e"} <= set(by):
+            print(iteration_cost(by, args, n, reward_flops()))
         results += rows
     return results
+
+
+@torch.no_grad()
+def reward_flops() -> int:
+    """FLOPs of scoring one image with PickScore (CLIP-H/14: the 224 px image tower and a 77-token text tower),
+    counted on the meta device: the reward model's share of an iteration, whatever pipeline is benchmarked."""
+    vision = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
+                  patch_size=14, image_size=224)
+    text = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16)
+    with torch.device("meta"):
+        clip = CLIPModel(CLIPConfig(vision_config=vision, text_config=text, projection_dim=1024))
+        with FlopCounterMode(display=False) as counter:
+            clip(input_ids=torch.zeros(1, 77, dtype=torch.long), pixel_values=torch.zeros(1, 3, 224, 224))
+    return counter.get_total_flops()
+
+
+def iteration_cost(by: dict, args, n: int, per_reward: int) -> str:
+    """One iteration's cost per trajectory (the module docstring): Flow-GRPO, then TP-GRPO with each judge."""
+    W, per_decode, train = args.window, by["d"]["flops"] / n, by["e"]["flops"] / n
+    lines = [f"{'':>5}  one iteration per trajectory: {'evals':>6} {'sampling':>9} {'decodes':>7} {'VAE':>8} "
+             f"{'reward':>8} {'training':>8} {'total':>8} {'vs Flow':>7} (TFLOP; seconds without the reward model)"]
+    base = None
+    for name, phase, images in [("Flow-GRPO", "a", 1), ("TP-GRPO, judge ode", "c", W + 1)] + \
+            [(f"TP-GRPO, judge {j}", f"c:{j}", W + 1) for j in args.judges]:
+        sampling = by[phase]["flops"] / n
+        total = sampling + images * (per_decode + per_reward) + train
+        base = base or total
+        seconds = None if by[phase]["seconds"] is None else \
+            (by[phase]["seconds"] + images * by["d"]["seconds"] + by["e"]["seconds"]) / n
+        lines.append(f"{n:>5}  {name:<30} {by[phase]['nfe']:>6.0f} {sampling / 1e12:>9.3g} {images:>7} "
+                     f"{images * per_decode / 1e12:>8.3g} {images * per_reward / 1e12:>8.3g} {train / 1e12:>8.3g} "
+                     f"{total / 1e12:>8.3g} {total / base:>7.2f}" + (f" ({seconds:.3g} s)" if seconds else ""))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -60,9 +60,14 @@ def test_compiled_phases_count_the_same_work_and_time_their_warm_up():
 def test_counted_evaluations_follow_the_formulas(steps, window):
     """Per trajectory, with the window from step 0: (a) T rollout steps; (b) the demo layout, T + a pure-ODE run for
     R_0 (T) + the completion of each s_k, k = 1..W-1 (T - k steps); (c) the wavefront, T + the completion of each
-    s_k, k = 0..W-1, whose first step reuses the rollout's velocity (T - k - 1 steps)."""
-    rows = _rows(bench.main(["--batches", "2", "--repeats", "1", "--steps", str(steps), "--window", str(window)]))
+    s_k, k = 0..W-1, whose first step reuses the rollout's velocity (T - k - 1 steps); a cheaper judge, ode:K, takes
+    min(K, T - k) steps there (x0: 1), again all but the first within the rollout's T calls."""
+    results = bench.main(["--batches", "2", "--repeats", "1", "--steps", str(steps), "--window", str(window),
+                          "--judges", "ode:2,x0"])
+    by_phase = {r["phase"]: r for r in results}
     T, W = steps, window
-    assert rows["(a)"]["nfe"] == T and rows["(a)"]["calls"] == T
-    assert rows["(b)"]["nfe"] == T + T + sum(T - k for k in range(1, W))
-    assert rows["(c)"]["nfe"] == T + sum(T - k - 1 for k in range(W)) and rows["(c)"]["calls"] == T
+    assert by_phase["a"]["nfe"] == T and by_phase["a"]["calls"] == T
+    assert by_phase["b"]["nfe"] == T + T + sum(T - k for k in range(1, W))
+    assert by_phase["c"]["nfe"] == T + sum(T - k - 1 for k in range(W)) and by_phase["c"]["calls"] == T
+    assert by_phase["c:ode:2"]["nfe"] == T + sum(min(2, T - k) - 1 for k in range(W))
+    assert by_phase["c:x0"]["nfe"] == T and by_phase["c:x0"]["calls"] == by_phase["c:ode:2"]["calls"] == T
