@@ -6,6 +6,8 @@ draws what the judge sees.
 
   python judge.py measure        # ODE judge vs the mean of M SDE continuations, per window step and noise level a:
                                  # results/judge/ode_vs_sde.json, docs/lab/{judge.md, judge.png}
+  python judge.py fidelity       # the cheaper judges (--completion ode:K, x0) against the full ODE judge:
+                                 # results/judge/fidelity.json, docs/lab/{fidelity.md}
   python judge.py figures        # docs/turning_points.png and docs/filmstrip.png (the README's pictures)
 
 Shape legend: n trajectories, G group members, M continuations per state, W window steps, R (n, W+1) a judge's
@@ -85,11 +87,11 @@ def agreement(R: torch.Tensor, truth: torch.Tensor) -> dict:
             "tp_rate": found.float().mean().item(), "tp_rate_truth": real.float().mean().item()}
 
 
-def toy_trajectories(pipe, cfg, reward_fn, members: int, noise_level: float, seed: int):
-    """`members` trajectories of each of the 48 training captions (the tiny preset's T and window) with the ODE
-    judge of every window state: (rollout, conditioning, R_ode (n, W+1), reward: latents (m, ...) -> (m,), with m a
-    multiple of n in trajectory order), and the group id of every trajectory (n,)."""
-    metas = [m for m in toyworld.all_metadata() for _ in range(members)]
+def toy_trajectories(pipe, cfg, reward_fn, members: int, noise_level: float, seed: int, captions: int = 48):
+    """`members` trajectories of each of the first `captions` of the 48 training captions (the tiny preset's T and
+    window) with the ODE judge of every window state: (rollout, conditioning, R_ode (n, W+1), reward: latents
+    (m, ...) -> (m,), with m a multiple of n in trajectory order), and the group id of every trajectory (n,)."""
+    metas = [m for m in toyworld.all_metadata()[:captions] for _ in range(members)]
     prompts = [toyworld.caption(m) for m in metas]  # (n,)
     cond = models.encode_prompts(pipe, prompts, cfg.guidance, cfg.max_sequence_length)
     gens = S.make_generators([S.member_seed(seed, 0, j // members, j % members) for j in range(len(prompts))])
@@ -154,7 +156,26 @@ def fidelity(args) -> dict:
               f"precision {row['tp_precision']:.2f} recall {row['tp_recall']:.2f} | advantage corr "
               f"{row['adv_corr']:.3f}", flush=True)
     write_json(out, os.path.join(args.results, "judge", "fidelity.json"))
+    report_fidelity(out, args.docs)
     return out
+
+
+def report_fidelity(out: dict, docs: str) -> None:
+    """`docs`/fidelity.md: each judge's agreement with the full ODE judge, per window state and step."""
+    st, W = out["settings"], out["settings"]["window"]
+    lines = [f"Cheaper judges against the full ODE judge on the same window states ({st['prompts']} captions x "
+             f"{st['members']} trajectories, T = {st['steps']}, W = {W}, a = {st['noise_level']}); R_k error at "
+             f"k = 0..W-1, d_k sign agreement at steps 1..W.", "",
+             "| judge | evaluations per trajectory | RMSE of R_k | d_k sign agreement | strict turning points: "
+             "precision / recall | advantage correlation |", "|---|---|---|---|---|---|"]
+    for spec, row in out["judges"].items():
+        lines.append(f"| {spec} | {row['evals_per_trajectory']:.0f} | {' '.join(f'{v:.3f}' for v in row['rmse'][:W])} "
+                     f"| {' '.join(f'{v:.2f}' for v in row['d_sign_agree'])} | {row['tp_precision']:.2f} / "
+                     f"{row['tp_recall']:.2f} | {row['adv_corr']:.3f} |")
+    os.makedirs(docs, exist_ok=True)
+    with open(os.path.join(docs, "fidelity.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def write_json(out: dict, path: str) -> None:
@@ -280,6 +301,7 @@ def main():
     fi.add_argument("--members", type=int, default=8, help="trajectories per training caption: a GRPO group")
     fi.add_argument("--seed", type=int, default=0)
     fi.add_argument("--results", default=os.path.join(ROOT, "results"))
+    fi.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"))
     args = p.parse_args()
     {"figures": figures, "measure": measure, "fidelity": fidelity}[args.command](args)
 
