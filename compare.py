@@ -381,14 +381,16 @@ def table(runs: dict) -> str:
 
 
 def grid_table(results: str, runs: dict) -> str:
-    """Per method, validation change +- SE over seeds at every (lr, clip); the chosen setting in bold."""
+    """Per method, validation change +- SE over seeds at every (lr, clip); the best setting with every seed finished
+    in bold (the choice is made once the whole grid is: `chosen`)."""
     lines = []
     for m in GRID_METHODS:
         mine = {(v.lr, v.clip_range): seeds for v, seeds in runs.values() if v.method == m}
         if not mine:
             continue
         lrs, clips = sorted({k[0] for k in mine}), sorted({k[1] for k in mine})
-        best = max(mine, key=lambda k: change_stats(mine[k])["change"] if len(mine[k]) == len(GRID_SEEDS) else -1)
+        complete = [k for k in mine if len(mine[k]) == len(GRID_SEEDS)]  # the choice needs every grid seed
+        best = max(complete, key=lambda k: change_stats(mine[k])["change"]) if complete else None
         lines += [f"**{m}** (validation change +- SE over seeds; rows lr, columns ratio clip)", "",
                   "| lr | " + " | ".join(f"clip {c:g}" for c in clips) + " |", "|---|" + "---|" * len(clips)]
         for lr in lrs:
