@@ -484,6 +484,28 @@ def figure(runs: dict, path: str, title: str) -> None:
     fig.savefig(path)
 
 
+def grid_figure(runs: dict, path: str) -> None:
+    """The grid: validation change against lr, a line per (method, ratio clip), +- SE over seeds."""
+    fig = Figure(figsize=(6.5, 4), dpi=110)
+    ax = fig.subplots()
+    for (m, clip), style in zip([(m, c) for m in GRID_METHODS for c in sorted({v.clip_range for v, _ in
+                                                                                runs.values()})], ["-", "--"] * 8):
+        points = sorted((v.lr, change_stats(seeds)) for v, seeds in runs.values() if (v.method, v.clip_range) ==
+                        (m, clip))
+        if points:
+            ax.errorbar([p[0] for p in points], [p[1]["change"] for p in points], [p[1]["change_se"] for p in points],
+                        fmt="o" + style, color=COLORS[m], capsize=3, label=f"{m}, clip {clip:g}")
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("validation change after 30 iterations")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle("grid: +- SE over seeds (one seed: no bar)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def report(names: list[str], results: str, docs: str) -> str:
     """docs/<experiment>.md (tables) and docs/<experiment>.png (curves) for each experiment; returns the text."""
     os.makedirs(docs, exist_ok=True)
@@ -505,7 +527,10 @@ def report(names: list[str], results: str, docs: str) -> str:
         text = "\n".join(parts)
         with open(os.path.join(docs, f"{name}.md"), "w") as f:
             f.write(text + "\n")
-        figure(runs, os.path.join(docs, f"{name}.png"), f"{name}: {exp.doc}")
+        if name == "grid":
+            grid_figure(runs, os.path.join(docs, "grid.png"))
+        else:
+            figure(runs, os.path.join(docs, f"{name}.png"), f"{name}: {exp.doc}")
         texts.append(text)
     print("\n\n".join(texts))
     return "\n\n".join(texts)

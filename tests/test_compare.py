@@ -119,6 +119,11 @@ def test_the_grid_widens_towards_a_best_at_its_edge_then_chooses_the_best(tmp_pa
     assert C.chosen(results, "flow-grpo") == C.Variant("flow-grpo", lr=3e-3, clip_range=1e-4)
     # the ablations take TP-GRPO's choice
     assert C.chosen(results, "incremental") == C.Variant("incremental", lr=3e-2, clip_range=1e-4)
+    # the report marks each method's best, and draws the grid
+    text = C.report(["grid"], results, str(tmp_path / "docs"))
+    bold = [line for line in text.splitlines() if "**" in line and line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in bold] == ["| 0.003", "| 0.03"]  # Flow-GRPO's row, then TP-GRPO's
+    assert (tmp_path / "docs" / "grid.png").exists()
 
 
 def test_a_grid_best_inside_does_not_widen_and_an_unfinished_grid_cannot_choose(tmp_path):
