@@ -75,13 +75,18 @@ def sde_continuations(pipe, ro, cond, cfg, noise_level, M, seed, reward):
 def agreement(R: torch.Tensor, truth: torch.Tensor) -> dict:
     """How a judge's R (n, W+1) agrees with the truth's (n, W+1): per window state the bias (mean R - truth), the
     RMSE and the correlation over trajectories; per window step the share of d_k = R_k - R_{k-1} whose sign is
-    the truth's; and the strict turning points the judge finds against those the truth finds (precision, recall)."""
+    the truth's, and, over all steps, the same share among the steps where the judge's d_k is not 0 (the toy
+    reward is coarse: many completions score the same, d_k = 0, where a mean of continuations never is 0); and
+    the strict turning points the judge finds against those the truth finds (precision, recall)."""
     W = R.shape[1] - 1
     d, d_true = tp.incremental_rewards(R), tp.incremental_rewards(truth)  # (n, W) each
+    moved = d != 0  # (n, W)
+    same = torch.sign(d) == torch.sign(d_true)  # (n, W)
     found, real = tp.detect_turning_points(R, "strict"), tp.detect_turning_points(truth, "strict")  # (n, W)
     return {"bias": (R - truth).mean(0).tolist(), "rmse": (R - truth).square().mean(0).sqrt().tolist(),
             "corr": [torch.corrcoef(torch.stack([R[:, k], truth[:, k]]))[0, 1].item() for k in range(W + 1)],
-            "d_sign_agree": (torch.sign(d) == torch.sign(d_true)).float().mean(0).tolist(),
+            "d_sign_agree": same.float().mean(0).tolist(), "d_zero": 1 - moved.float().mean().item(),
+            "d_sign_agree_moved": (same & moved).sum().item() / max(moved.sum().item(), 1),
             "tp_precision": ((found & real).sum() / found.sum().clamp(min=1)).item(),
             "tp_recall": ((found & real).sum() / real.sum().clamp(min=1)).item(),
             "tp_rate": found.float().mean().item(), "tp_rate_truth": real.float().mean().item()}
@@ -113,6 +118,8 @@ def measure(args) -> dict:
     """For each noise level a: `members` trajectories of each training caption, the ODE judge R_k of every window
     state, and the mean of M SDE continuations from it; their agreement (`agreement`) and the Monte-Carlo error of
     the truth itself (mean sd / sqrt(M))."""
+    if args.report:
+        return report_measure(json.load(open(os.path.join(args.results, "judge", "ode_vs_sde.json"))), args.docs)
     cfg, pipe, reward_fn, _ = toy_setup()
     out = {"settings": {"prompts": 48, "members": args.members, "continuations": args.continuations,
                         "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler, "seed": args.seed},
@@ -166,12 +173,12 @@ def report_fidelity(out: dict, docs: str) -> None:
     lines = [f"Cheaper judges against the full ODE judge on the same window states ({st['prompts']} captions x "
              f"{st['members']} trajectories, T = {st['steps']}, W = {W}, a = {st['noise_level']}); R_k error at "
              f"k = 0..W-1, d_k sign agreement at steps 1..W.", "",
-             "| judge | evaluations per trajectory | RMSE of R_k | d_k sign agreement | strict turning points: "
-             "precision / recall | advantage correlation |", "|---|---|---|---|---|---|"]
+             "| judge | evaluations per trajectory | RMSE of R_k | d_k sign agreement | ... where the judge's d_k != 0 "
+             "| strict turning points: precision / recall | advantage correlation |", "|---|---|---|---|---|---|---|"]
     for spec, row in out["judges"].items():
         lines.append(f"| {spec} | {row['evals_per_trajectory']:.0f} | {' '.join(f'{v:.3f}' for v in row['rmse'][:W])} "
-                     f"| {' '.join(f'{v:.2f}' for v in row['d_sign_agree'])} | {row['tp_precision']:.2f} / "
-                     f"{row['tp_recall']:.2f} | {row['adv_corr']:.3f} |")
+                     f"| {' '.join(f'{v:.2f}' for v in row['d_sign_agree'])} | {row['d_sign_agree_moved']:.2f} | "
+                     f"{row['tp_precision']:.2f} / {row['tp_recall']:.2f} | {row['adv_corr']:.3f} |")
     os.makedirs(docs, exist_ok=True)
     with open(os.path.join(docs, "fidelity.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -197,10 +204,12 @@ def report_measure(out: dict, docs: str) -> None:
              f"W = {st['window']}, sampler {st['sampler']}); columns k = 0..W-1 (at k = W both are the final "
              f"reward).", "",
              "| a | what | " + " | ".join(f"k={k}" for k in range(st["window"])) + " | strict turning points: "
-             "precision / recall (rate: judge / truth) |", "|---|---|" + "---|" * (st["window"] + 1)]
+             "precision / recall (rate: judge / truth); ties |", "|---|---|" + "---|" * (st["window"] + 1)]
     for a, row in out["levels"].items():
+        row = {**row, **agreement(torch.tensor(row["R_ode"]), torch.tensor(row["R_sde_mean"]))}
         tps = (f"{row['tp_precision']:.2f} / {row['tp_recall']:.2f} ({100 * row['tp_rate']:.1f}% / "
-               f"{100 * row['tp_rate_truth']:.1f}%)")
+               f"{100 * row['tp_rate_truth']:.1f}%); d_k = 0 in {100 * row['d_zero']:.0f}% of steps, sign agreement "
+               f"where the judge's d_k != 0: {row['d_sign_agree_moved']:.2f}")
         for i, (key, name) in enumerate([("bias", "bias R_ode - R_sde"), ("corr", "correlation"),
                                          ("rmse", "RMSE"), ("mc_se", "Monte-Carlo SE of the truth"),
                                          ("d_sign_agree", "d_k sign agreement (step k+1)")]):
@@ -296,6 +305,7 @@ def main():
     ms.add_argument("--seed", type=int, default=0)
     ms.add_argument("--results", default=os.path.join(ROOT, "results"))
     ms.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"))
+    ms.add_argument("--report", action="store_true", help="only rewrite docs/lab/judge.{md,png} from the results")
     fi = sub.add_parser("fidelity", help="cheaper judges (--completion) against the full ODE judge")
     fi.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
     fi.add_argument("--members", type=int, default=8, help="trajectories per training caption: a GRPO group")

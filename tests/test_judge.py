@@ -15,6 +15,11 @@ def test_agreement_against_hand_computation():
     torch.testing.assert_close(torch.tensor(out["rmse"]), torch.tensor([0.02, 0.025, 0.04, 0.0]).sqrt())
     # d: truth [+.5, -.1, +.6], [-.1, +.2, 0]; R [+.2, +.2, +.4], [+.1, -.2, +.2]: signs agree 1/2, 0/2, 1/2
     torch.testing.assert_close(torch.tensor(out["d_sign_agree"]), torch.tensor([0.5, 0.0, 0.5]))
+    assert out["d_zero"] == 0 and out["d_sign_agree_moved"] == 2 / 6
+    # a tie (the judge's d_1 = 0 in the first row) disagrees in sign with any moving truth, and is set apart
+    tied = judge.agreement(torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.5, 1.0]]),
+                           torch.tensor([[0.0, 0.3, 1.0], [0.0, 0.4, 1.0]]))
+    assert tied["d_zero"] == 0.25 and tied["d_sign_agree"] == [0.5, 1.0] and tied["d_sign_agree_moved"] == 1.0
     found, real = tp.detect_turning_points(R, "strict"), tp.detect_turning_points(truth, "strict")
     hits = (found & real).sum().item()
     assert out["tp_precision"] == hits / max(found.sum().item(), 1)
