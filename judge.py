@@ -131,9 +131,7 @@ def measure(args) -> dict:
         row = {**agreement(R_ode, truth), "mc_se": (sd / M**0.5).mean(0).tolist(), "R_ode": R_ode.tolist(),
                "R_sde_mean": truth.tolist()}
         out["levels"][f"{a:g}"] = row
-        print(f"a={a:g}: bias {fmt(row['bias'])} | corr {fmt(row['corr'])} | d-sign agreement "
-              f"{fmt(row['d_sign_agree'])} | strict TPs: precision {row['tp_precision']:.2f} recall "
-              f"{row['tp_recall']:.2f}", flush=True)
+        log_row(f"a={a:g}", row)
     write_json(out, os.path.join(args.results, "judge", "ode_vs_sde.json"))
     report_measure(out, args.docs)
     return out
@@ -159,9 +157,7 @@ def fidelity(args) -> dict:
                                                                                 adv(R_ode).flatten()]))[0, 1].item(),
                "evals_per_trajectory": per_trajectory}
         out["judges"][spec] = row
-        print(f"{spec}: RMSE {fmt(row['rmse'])} | d-sign agreement {fmt(row['d_sign_agree'])} | strict TPs "
-              f"precision {row['tp_precision']:.2f} recall {row['tp_recall']:.2f} | advantage corr "
-              f"{row['adv_corr']:.3f}", flush=True)
+        log_row(spec, row)
     write_json(out, os.path.join(args.results, "judge", "fidelity.json"))
     report_fidelity(out, args.docs)
     return out
@@ -191,8 +187,12 @@ def write_json(out: dict, path: str) -> None:
         json.dump(out, f)
 
 
-def fmt(values: list[float]) -> str:
-    return " ".join(f"{v:+.3f}" for v in values)
+def log_row(name: str, row: dict) -> None:
+    """One judge's agreement (`agreement`), a line, while a measurement runs."""
+    fmt = lambda values: " ".join(f"{v:+.3f}" for v in values)  # noqa: E731
+    print(f"{name}: RMSE {fmt(row['rmse'])} | corr {fmt(row['corr'])} | d-sign agreement {fmt(row['d_sign_agree'])}"
+          f" | strict TPs precision {row['tp_precision']:.2f} recall {row['tp_recall']:.2f}"
+          + (f" | advantage corr {row['adv_corr']:.3f}" if "adv_corr" in row else ""), flush=True)
 
 
 def report_measure(out: dict, docs: str) -> None:
