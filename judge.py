@@ -305,7 +305,8 @@ def main():
     ms.add_argument("--seed", type=int, default=0)
     ms.add_argument("--results", default=os.path.join(ROOT, "results"))
     ms.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"))
-    ms.add_argument("--report", action="store_true", help="only rewrite judge.md and judge.png in --docs from the results")
+    ms.add_argument("--report", action="store_true",
+                    help="only rewrite judge.md and judge.png in --docs from the results")
     fi = sub.add_parser("fidelity", help="cheaper judges (--completion) against the full ODE judge")
     fi.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
     fi.add_argument("--members", type=int, default=8, help="trajectories per training caption: a GRPO group")
