@@ -1,7 +1,6 @@
 """TP-GRPO (and Flow-GRPO, and the incremental-only ablation) for SD3.5-Medium and FLUX.1-dev, with LoRA or full
-fine-tuning: the paper's training algorithm.
+fine-tuning: Algorithm 1 of arXiv 2602.06422 (docs/method.md, 'Rollout with an SDE window' to 'The clipped loss').
 
-Implements Algorithm 1 of arXiv 2602.06422 (docs/method.md, 'Rollout with an SDE window' to 'The clipped loss').
 Read it top-down: `main` is the algorithm, then come `setup` and the steps of one iteration in the order they run,
 each a function with its paper reference, then logging, evaluation and checkpoints, then small helpers:
 
@@ -535,24 +534,12 @@ class UpdateStats:
 
     def summary(self, acc, zero_adv: torch.Tensor, N: int) -> dict[str, float]:
         """Means over all processes; zero_adv (n,) bool marks this process's zero-advantage rows."""
-        out = mean_over_processes(acc, self.sums)
-        out.update({f"first_{k}": v for k, v in mean_over_processes(acc, self.first).items()})
-        out["first_ratio_dev"] = max_over_processes(acc, self.first_dev)
+        out = collectives.mean_over_processes(acc, self.sums)
+        out.update({f"first_{k}": v for k, v in collectives.mean_over_processes(acc, self.first).items()})
+        out["first_ratio_dev"] = collectives.max_over_processes(acc, self.first_dev)
         out["zero_adv_frac"] = float(collectives.reduce_sum(acc, zero_adv.sum())) / N
         out["grad_norm"] = sum(self.grad_norms) / max(len(self.grad_norms), 1)
         return out
-
-
-def mean_over_processes(accelerator, sums: dict[str, float]) -> dict[str, float]:
-    """{name: sum of value x rows, 'rows': rows} from every process -> {name: mean per row} over all processes."""
-    keys = sorted(sums)
-    total = collectives.reduce_sum(accelerator, torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()
-    rows = max(total[keys.index("rows")], 1.0) if keys else 1.0
-    return {k: v / rows for k, v in zip(keys, total) if k != "rows"}
-
-
-def max_over_processes(accelerator, value: float) -> float:
-    return float(collectives.gather(accelerator, torch.tensor([value])).max())
 
 
 def params_checksum(params: list[torch.Tensor]) -> float:
