@@ -381,9 +381,8 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
 
 def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: torch.Tensor, finals: dict,
                   train_stats: dict, nfe: int, timer: dict) -> dict[str, float]:
-    """Step 5: the iteration's metrics (each is explained in the README's metrics table). R_all (N, W+1 or 1),
-    kept / detected turning points (N, W), finals: the reward's components, nfe: all processes' evaluations,
-    timer: seconds per phase."""
+    """Step 5: the iteration's metrics (the README's metrics table explains each). R_all (N, W+1 or 1), kept /
+    detected turning points (N, W), finals: the reward's parts, nfe: all processes' evaluations, timer: seconds."""
     cfg, W = run.cfg, run.cfg.window
     r_sde = R_all[:, -1]  # (N,)
     group = torch.arange(run.N) // cfg.group_size  # (N,) prompt group of every trajectory
