@@ -1,4 +1,4 @@
-"""compare.py: variants become the train.py settings they name, a killed sweep resumes without redoing finished
+"""compare.py and report.py: variants become the train.py settings they name, a killed sweep resumes without redoing finished
 runs, the grid widens where a best setting sits at its edge and the choice is the best on validation, a real
 train.py run folder is harvested whole, and the report's numbers against hand computation on synthetic runs."""
 
@@ -13,6 +13,7 @@ import torch
 
 import compare as C
 import config
+import report
 import train
 
 FAKE_TRAIN = """
@@ -120,7 +121,7 @@ def test_the_grid_widens_towards_a_best_at_its_edge_then_chooses_the_best(tmp_pa
     # the ablations take TP-GRPO's choice
     assert C.chosen(results, "incremental") == C.Variant("incremental", lr=3e-2, clip_range=1e-4)
     # the report marks each method's best, and draws the grid
-    text = C.report(["grid"], results, str(tmp_path / "docs"))
+    text = C.write_reports(["grid"], results, str(tmp_path / "docs"))
     bold = [line for line in text.splitlines() if "**" in line and line.startswith("| ")]
     assert [line.split(" | ")[0] for line in bold] == ["| 0.003", "| 0.03"]  # Flow-GRPO's row, then TP-GRPO's
     assert (tmp_path / "docs" / "grid.png").exists()
@@ -161,7 +162,7 @@ def test_report_pairs_the_change_image_by_image(tmp_path, monkeypatch):
     write_result(results, "heldout", flow, 0, before, [1.0, 0.5, 1.0, 0.5], rewards=(0.6, 0.7))
     write_result(results, "heldout", flow, 1, before, [1.0, 1.0, 0.5, 0.0], rewards=(0.6, 0.8))
     monkeypatch.setitem(C.EXPERIMENTS, "t", C.Experiment("t", "test", "heldout", (0, 1), lambda r: {"f": flow}))
-    text = C.report(["t"], results, str(tmp_path / "docs"))
+    text = C.write_reports(["t"], results, str(tmp_path / "docs"))
     row = [line for line in text.splitlines() if line.startswith("| f ")][0].split(" | ")
     # per seed: +0.25 and +0.125; mean +0.1875, SE over seeds = std([0.25, 0.125]) / sqrt(2) = 0.0625
     assert row[9] == "+0.188 +- 0.062"
@@ -188,7 +189,7 @@ def test_reach_counts_iterations_evaluations_and_seconds_to_flow_grpos_best(tmp_
             json.dump(r, f)
     runs = {"flow-grpo": (flow, [C.load_result(results, "heldout", flow, s) for s in (0, 1)]),
             "tp-grpo": (tp, [C.load_result(results, "heldout", tp, s) for s in (0, 1)])}
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in C.reach_table(runs).splitlines()[2:]}
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in report.reach_table(runs).splitlines()[2:]}
     # held-out: TP-GRPO is at 0.5 >= 0.4 at iteration 2 (2 x 320 evaluations, 2 x 4 s); Flow-GRPO at its own best
     assert rows["tp-grpo"][1:5] == ["0.400", "2 (2-2, 0%)", "640", "8"]
     assert rows["flow-grpo"][2] == "2 (2-2, 0%)"
