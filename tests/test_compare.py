@@ -1,6 +1,7 @@
-"""compare.py and report.py: variants become the train.py settings they name, a killed sweep resumes without redoing finished
-runs, the grid widens where a best setting sits at its edge and the choice is the best on validation, a real
-train.py run folder is harvested whole, and the report's numbers against hand computation on synthetic runs."""
+"""compare.py and report.py: variants become the train.py settings they name, a killed sweep resumes without
+redoing finished runs, the grid widens where a best setting sits at its edge and the choice is the best on
+validation, a real train.py run folder is harvested whole, and the report's numbers against hand computation on
+synthetic runs."""
 
 import gzip
 import json
