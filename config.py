@@ -242,10 +242,19 @@ def check_config(cfg: Config) -> str:
         return f"--completion: {e}"
     if not 1 <= cfg.window <= cfg.steps or cfg.window_start + cfg.window > cfg.steps:
         return f"the SDE window (w0={cfg.window_start}, W={cfg.window}) must fit in T={cfg.steps} steps"
-    for _, settings in toyworld.SHIPPED_EVALS.values():  # each toy split is evaluated on its own noise
-        if cfg.eval_prompts == settings["eval_prompts"] and cfg.eval_seed != settings["eval_seed"]:
-            return f"--eval-prompts {cfg.eval_prompts} needs --eval-seed {settings['eval_seed']} (its own noise)"
+    own = eval_seed_for(cfg.eval_prompts, cfg.eval_seed)
+    if cfg.eval_seed != own:
+        return f"--eval-prompts {cfg.eval_prompts} needs --eval-seed {own} (its own noise)"
     return ""
+
+
+def eval_seed_for(eval_prompts: str, default: int) -> int:
+    """The evaluation noise a prompt set is scored on: a toy split's own (toyworld.SHIPPED_EVALS, so that a score
+    is comparable with the shipped base values), else `default`."""
+    for _, settings in toyworld.SHIPPED_EVALS.values():
+        if eval_prompts == settings["eval_prompts"]:
+            return settings["eval_seed"]
+    return default
 
 
 def parse_weights(spec: str) -> dict[str, float]:

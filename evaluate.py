@@ -271,14 +271,15 @@ def main(argv: list[str] | None = None) -> dict:
                                          model_paths=model_paths, batch_size=args.batch)
     except (models.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
+    seed = config.eval_seed_for(args.prompts or cfg.eval_prompts, cfg.eval_seed)  # toy:validation has its own
     result = sample_and_score(pipe, prompts, metadata, reward_fn, samples, steps, guidance, resolution,
-                              cfg.max_sequence_length, args.batch, accelerator, seed=cfg.eval_seed)
+                              cfg.max_sequence_length, args.batch, accelerator, seed=seed)
     summary = result["summary"]
     if accelerator.is_main_process:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "eval.json"), "w") as f:
             json.dump({"checkpoint": args.checkpoint, "ema": args.ema, "model": model, "samples": samples,
-                       "steps": steps, "guidance": guidance, "resolution": resolution, **summary,
+                       "steps": steps, "guidance": guidance, "resolution": resolution, "seed": seed, **summary,
                        "per_image": per_image(result["values"])},
                       f, indent=1)
         save_grid(result["images"][:GRID_IMAGES], os.path.join(out, "grid.png"),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import config
+import evaluate
 import models
 import rewards
 import toymodel
@@ -266,7 +267,7 @@ def test_shipped_checkpoint_loads_through_the_sampler_and_draws_finite_images():
 
 
 @pytest.mark.parametrize("split", ["heldout", "validation"])
-def test_shipped_values_are_a_fresh_evaluation_of_the_checkpoint(split):
+def test_shipped_values_are_a_fresh_evaluation_of_the_checkpoint(split, tmp_path):
     # train.py --task tiny reads toy_model/heldout_eval.json (or validation_eval.json with the validation flags)
     # as its evaluation before training: it must be what the checkpoint scores now (here the first 64 of the 1024
     # images, recomputed), under the run's settings.
@@ -274,12 +275,22 @@ def test_shipped_values_are_a_fresh_evaluation_of_the_checkpoint(split):
     saved = json.load(open(os.path.join(MODEL, filename)))
     flags = [] if split == "heldout" else ["--eval-prompts", "toy:validation", "--eval-seed", "3000017"]
     cfg = config.parse_config(["--task", "tiny", *flags])
+    if split == "validation":  # train.py refuses to score the validation split on another split's noise
+        with pytest.raises(SystemExit):
+            config.parse_config(["--task", "tiny", "--eval-prompts", "toy:validation"])
     assert saved["settings"] == settings == {k: getattr(cfg, k) for k in saved["settings"]}
     assert {len(v) for v in saved["per_image"].values()} == {tw.HELDOUT_SIZE}
     assert torch.equal(tw.shipped_heldout_values(cfg)["reward"], torch.tensor(saved["per_image"]["reward"]))
     fresh = toymodel.evaluate(models.load_pipeline(MODEL), samples=64, split=split)["values"]
     for name, key in [("reward", "score"), ("toy_colour", "colour"), ("toy_count", "count"), ("toy_strict", "strict")]:
         torch.testing.assert_close(torch.tensor(saved["per_image"][name][:64]), fresh[key], rtol=0, atol=1e-6)
+    # evaluate.py scores the base model on the split's own noise too (toy:validation has its own eval seed)
+    summary = evaluate.main(["--task", "tiny", "--checkpoint", "none", "--prompts", f"toy:{split}", "--samples", "8",
+                             "--output", str(tmp_path)])
+    written = json.load(open(tmp_path / "eval.json"))
+    assert written["seed"] == settings["eval_seed"] and summary["reward"] == written["reward"]
+    torch.testing.assert_close(torch.tensor(written["per_image"]["reward"]),
+                               torch.tensor(saved["per_image"]["reward"][:8]), rtol=0, atol=1e-6)
     score = torch.tensor(saved["per_image"]["reward"])  # (1024,) the checkpoint's held-out score: room to learn
     assert 0.3 <= score.mean() <= 0.7, score.mean()
 
