@@ -58,7 +58,9 @@ SPLIT_FLAGS = {"heldout": [], "validation": ["--eval-prompts", toyworld.VALIDATI
 # The grid of the fair comparison: a window of each ladder, widened one rung at a time while a method's best
 # setting sits at its edge (`grid_axes`).
 LR_LADDER = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
-CLIP_LADDER = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+# The clip ladder first ended at 1e-5 (the authors' SD3.5-M value); both methods' bests landed there, and a best at
+# an edge extends the grid, so it was lengthened to 1e-7 before any run below 1e-5 (docs/lab/grid.md).
+CLIP_LADDER = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 GRID_START = {"lr": (3e-4, 1e-2), "clip_range": (1e-4, 1e-3)}  # (lowest, highest) before widening
 GRID_METHODS = ("flow-grpo", "tp-grpo")
 GRID_SEEDS, REPORT_SEEDS = (0, 1), (10, 11, 12)
