@@ -48,9 +48,11 @@ def test_a_variant_names_every_axis_and_trains_with_exactly_those_settings():
     judged = C.Variant("tp-grpo", completion="ode:2")
     assert judged.name.endswith("_it30_ode2") and C.Variant("tp-grpo").name.endswith("_it30")
     assert config.parse_config(["--task", "tiny", *judged.flags()]).completion == "ode:2"
-    # the default variant is the tiny preset as the laboratory pinned it
+    # the default variant is the tiny preset as the laboratory pinned it before the grid chose TP-GRPO's lr and
+    # clip (the preset now has those), every other axis unchanged
     preset = config.parse_config(["--task", "tiny"])
-    assert {k: getattr(preset, k) for k in C.PRESET} == C.PRESET
+    assert {k: getattr(preset, k) for k in C.PRESET} == dict(C.PRESET, lr=3e-3, clip_range=1e-5)
+    assert C.PRESET["lr"] == 1e-3 and C.PRESET["clip_range"] == 1e-4
 
 
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, monkeypatch):
