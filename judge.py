@@ -92,6 +92,19 @@ def agreement(R: torch.Tensor, truth: torch.Tensor) -> dict:
             "tp_rate": found.float().mean().item(), "tp_rate_truth": real.float().mean().item()}
 
 
+def bootstrap_agreement(R: torch.Tensor, truth: torch.Tensor, group: torch.Tensor, draws: torch.Tensor):
+    """The bias and the correlation of `agreement` recomputed on resampled captions: `draws` (B, c) picks c
+    captions with replacement per sample (the unit is the caption, since its trajectories share a prompt), so a
+    trajectory counts as often as its caption was drawn. Returns bias and correlation, (B, W+1) each; their
+    standard deviation over B is the bootstrap standard error."""
+    w = (draws[:, :, None] == group[None, None, :]).sum(1).float()  # (B, n): times each trajectory is drawn
+    mean = lambda x: (w @ x) / w.sum(1, keepdim=True)  # noqa: E731  (n, W+1) -> (B, W+1) weighted means
+    dR, dt = R[None] - mean(R)[:, None], truth[None] - mean(truth)[:, None]  # (B, n, W+1) each
+    cov = lambda a, b: (w[:, :, None] * a * b).sum(1)  # noqa: E731  (B, n, W+1) x2 -> (B, W+1)
+    # corr = cov(R, truth) / sqrt(var R * var truth), each weighted by the draws
+    return mean(R - truth), cov(dR, dt) / (cov(dR, dR) * cov(dt, dt)).sqrt()
+
+
 def toy_trajectories(pipe, cfg, reward_fn, members: int, noise_level: float, seed: int, captions: int = 48):
     """`members` trajectories of each of the first `captions` of the 48 training captions (the tiny preset's T and
     window) with the ODE judge of every window state: (rollout, conditioning, R_ode (n, W+1), reward: latents
@@ -202,15 +215,20 @@ def report_measure(out: dict, docs: str) -> None:
     lines = [f"ODE judge R_k = R(ODE-complete(s_k)) against the mean reward of {st['continuations']} SDE "
              f"continuations from s_k ({st['prompts']} captions x {st['members']} trajectories, T = {st['steps']}, "
              f"W = {st['window']}, sampler {st['sampler']}); columns k = 0..W-1 (at k = W both are the final "
-             f"reward).", "",
+             f"reward). Standard errors resample the {st['prompts']} captions with replacement (1000 times).", "",
              "| a | what | " + " | ".join(f"k={k}" for k in range(st["window"])) + " | strict turning points: "
              "precision / recall (rate: judge / truth); ties |", "|---|---|" + "---|" * (st["window"] + 1)]
+    n = st["prompts"] * st["members"]
+    draws = torch.randint(st["prompts"], (1000, st["prompts"]), generator=torch.Generator().manual_seed(0))
     for a, row in out["levels"].items():
-        row = {**row, **agreement(torch.tensor(row["R_ode"]), torch.tensor(row["R_sde_mean"]))}
+        R, truth = torch.tensor(row["R_ode"]), torch.tensor(row["R_sde_mean"])  # (n, W+1) each
+        bias, corr = bootstrap_agreement(R, truth, torch.arange(n) // st["members"], draws)  # (1000, W+1) each
+        row = {**row, **agreement(R, truth), "bias_se": bias.std(0).tolist(), "corr_se": corr.std(0).tolist()}
         tps = (f"{row['tp_precision']:.2f} / {row['tp_recall']:.2f} ({100 * row['tp_rate']:.1f}% / "
                f"{100 * row['tp_rate_truth']:.1f}%); d_k = 0 in {100 * row['d_zero']:.0f}% of steps, sign agreement "
                f"where the judge's d_k != 0: {row['d_sign_agree_moved']:.2f}")
-        for i, (key, name) in enumerate([("bias", "bias R_ode - R_sde"), ("corr", "correlation"),
+        for i, (key, name) in enumerate([("bias", "bias R_ode - R_sde"), ("bias_se", "its SE (captions resampled)"),
+                                         ("corr", "correlation"), ("corr_se", "its SE (captions resampled)"),
                                          ("rmse", "RMSE"), ("mc_se", "Monte-Carlo SE of the truth"),
                                          ("d_sign_agree", "d_k sign agreement (step k+1)")]):
             cells = " | ".join(f"{v:+.3f}" if key == "bias" else f"{v:.3f}" for v in row[key][:st["window"]])

@@ -33,3 +33,20 @@ def test_without_noise_the_sde_continuations_are_the_ode_judge():
     assert mean.shape == R_ode.shape == (12, cfg.window + 1) and group.tolist() == [g // 2 for g in range(12)]
     torch.testing.assert_close(mean, R_ode, rtol=0, atol=1e-6)
     assert sd.abs().max() < 1e-6
+
+
+def test_bootstrap_agreement_against_the_naive_loop():
+    # three captions of two trajectories; each draw is recomputed by concatenating the drawn captions' rows
+    g = torch.Generator().manual_seed(1)
+    R, truth = torch.rand(6, 4, generator=g), torch.rand(6, 4, generator=g)  # (n=6, W+1=4)
+    group = torch.arange(6) // 2
+    draws = torch.tensor([[0, 1, 2], [2, 2, 0], [1, 1, 1], [0, 0, 2]])  # (B=4, c=3)
+    bias, corr = judge.bootstrap_agreement(R, truth, group, draws)
+    for b, picked in enumerate(draws):
+        rows = torch.cat([torch.nonzero(group == c)[:, 0] for c in picked])
+        naive = judge.agreement(R[rows], truth[rows])
+        torch.testing.assert_close(bias[b], torch.tensor(naive["bias"]))
+        torch.testing.assert_close(corr[b], torch.tensor(naive["corr"]))
+    # the identity draw gives the full sample's numbers
+    full = judge.agreement(R, truth)
+    torch.testing.assert_close(corr[0], torch.tensor(full["corr"]))
