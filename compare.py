@@ -103,6 +103,7 @@ class Experiment:
     split: str  # "validation" (choosing) or "heldout" (reporting)
     seeds: tuple[int, ...]
     variants: object  # (results folder) -> {label: Variant}; may read finished runs (the grid's choice)
+    axis: str = ""  # the Variant field an ablation varies: its report adds the change against it (report.axis_table)
 
 
 def _ladder_window(ladder: tuple, lo: float, hi: float) -> list[float]:
@@ -173,10 +174,12 @@ EXPERIMENTS = {e.name: e for e in [
                _at_choice(("flow-grpo", "tp-grpo", "incremental"), iterations=100, eval_every=20)),
     Experiment("noise", "the noise level a in {0.4, 0.7, 1.0} at the chosen settings (the paper's Table of a)",
                "heldout", REPORT_SEEDS, lambda results: {f"{m} a={a:g}": v for a in (0.4, 0.7, 1.0) for m, v in
-                                                         _at_choice(ALL, noise_level=a)(results).items()}),
+                                                         _at_choice(ALL, noise_level=a)(results).items()},
+               "noise_level"),
     Experiment("window", "the SDE window: all 5 trained steps of T = 6 against the first 3", "heldout", REPORT_SEEDS,
                lambda results: {f"{m} W={w}": v for w in (5, 3) for m, v in
-                                _at_choice(("flow-grpo", "tp-grpo", "incremental"), window=w)(results).items()}),
+                                _at_choice(("flow-grpo", "tp-grpo", "incremental"), window=w)(results).items()},
+               "window"),
     Experiment("judges", "TP-GRPO with cheaper judges of the window states (docs/method.md, 'Cheaper judges') "
                "against the full ODE and Flow-GRPO", "heldout", REPORT_SEEDS,
                lambda results: {**{f"tp-grpo {c}": v for c in ("ode", "ode:3", "ode:2", "x0") for v in
@@ -326,6 +329,8 @@ def write_reports(names: list[str], results: str, docs: str) -> str:
         parts += [report.table(runs), ""]
         if name == "headline":
             parts += [report.reach_table(runs), ""]
+        if exp.axis:
+            parts += [report.axis_table(runs, exp.axis), ""]
         machines = {f"{r['machine']['cpu']}, {r['machine']['cores']} cores" for _, seeds in runs.values()
                     for r in seeds}
         parts.append(f"Machine: {'; '.join(sorted(machines))}.")
@@ -334,6 +339,8 @@ def write_reports(names: list[str], results: str, docs: str) -> str:
             f.write(text + "\n")
         if name == "grid":
             report.grid_figure(runs, GRID_METHODS, os.path.join(docs, "grid.png"))
+        elif exp.axis:
+            report.axis_figure(runs, exp.axis, os.path.join(docs, f"{name}.png"), f"{name}: {exp.doc}")
         else:
             report.figure(runs, os.path.join(docs, f"{name}.png"), f"{name}: {exp.doc}")
         texts.append(text)

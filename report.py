@@ -194,23 +194,68 @@ def figure(runs: dict, path: str, title: str) -> None:
     fig.savefig(path)
 
 
-def grid_figure(runs: dict, methods: tuple, path: str) -> None:
-    """The grid: validation change against lr, a line per (method, ratio clip), +- SE over seeds."""
+AXES = {"noise_level": ("a", "noise level a"), "window": ("W", "SDE window W")}  # the ablations' axes: symbol, name
+
+
+def axis_table(runs: dict, axis: str) -> str:
+    """An ablation: each method's change +- SE over seeds (rows) at each value of one axis (columns: the noise
+    level a or the window W); then each other method's difference from TP-GRPO (strict) at each value, +- the SE
+    of a difference of independent means (two methods' runs share seeds, not trajectories)."""
+    at = {(v.method, getattr(v, axis)): change_stats(seeds) for v, seeds in runs.values()}
+    methods, values = list(dict.fromkeys(m for m, _ in at)), sorted({x for _, x in at})
+    fmt = lambda mean, se: f"{mean:+.3f} +- {se:.3f}"  # noqa: E731
+    lines = ["| change +- SE over seeds | " + " | ".join(f"{AXES[axis][0]} = {x:g}" for x in values) + " |",
+             "|---|" + "---|" * len(values)]
+    for m in methods:
+        lines.append(f"| {m} | " + " | ".join(fmt(at[m, x]["change"], at[m, x]["change_se"]) if (m, x) in at
+                                              else "-" for x in values) + " |")
+    for m in [m for m in methods if m != "tp-grpo" and "tp-grpo" in methods]:
+        # difference of two methods' mean changes; its SE = sqrt(SE_1^2 + SE_2^2)
+        cells = [fmt(at["tp-grpo", x]["change"] - at[m, x]["change"],
+                     math.hypot(at["tp-grpo", x]["change_se"], at[m, x]["change_se"]))
+                 if ("tp-grpo", x) in at and (m, x) in at else "-" for x in values]
+        lines.append(f"| tp-grpo minus {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _change_figure(series: list, xlabel: str, ylabel: str, title: str, path: str, log: bool = False) -> None:
+    """Change +- SE over seeds against one axis: `series` is [(label, method, line style, [(x, change_stats)])]."""
     fig = Figure(figsize=(6.5, 4), dpi=110)
     ax = fig.subplots()
+    for label, m, style, points in series:
+        ax.errorbar([p[0] for p in points], [p[1]["change"] for p in points], [p[1]["change_se"] for p in points],
+                    fmt="o" + style, color=COLORS[m], capsize=3, label=label)
+    ax.axhline(0, color="black", lw=0.5)
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def grid_figure(runs: dict, methods: tuple, path: str) -> None:
+    """The grid: validation change against lr, a line per (method, ratio clip), +- SE over seeds."""
+    series = []
     for (m, clip), style in zip([(m, c) for m in methods for c in sorted({v.clip_range for v, _ in
                                                                                 runs.values()})], ["-", "--"] * 8):
         points = sorted((v.lr, change_stats(seeds)) for v, seeds in runs.values() if (v.method, v.clip_range) ==
                         (m, clip))
         if points:
-            ax.errorbar([p[0] for p in points], [p[1]["change"] for p in points], [p[1]["change_se"] for p in points],
-                        fmt="o" + style, color=COLORS[m], capsize=3, label=f"{m}, clip {clip:g}")
-    ax.axhline(0, color="black", lw=0.5)
-    ax.set_xscale("log")
-    ax.set_xlabel("learning rate")
-    ax.set_ylabel("validation change after 30 iterations")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.suptitle("grid: +- SE over seeds (one seed: no bar)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
+            series.append((f"{m}, clip {clip:g}", m, style, points))
+    _change_figure(series, "learning rate", "validation change after 30 iterations",
+                   "grid: +- SE over seeds (one seed: no bar)", path, log=True)
+
+
+def axis_figure(runs: dict, axis: str, path: str, title: str) -> None:
+    """An ablation: held-out change against the axis, a line per method, +- SE over seeds; the methods' points
+    are set slightly apart along the axis so that their error bars do not hide each other."""
+    methods = list(dict.fromkeys(v.method for v, _ in runs.values()))
+    step = 0.015 * (max(getattr(v, axis) for v, _ in runs.values()) - min(getattr(v, axis) for v, _ in runs.values()))
+    series = [(m, m, "-", sorted((getattr(v, axis) + (i - (len(methods) - 1) / 2) * step, change_stats(seeds))
+                                 for v, seeds in runs.values() if v.method == m)) for i, m in enumerate(methods)]
+    _change_figure(series, AXES[axis][1], "held-out change",
+                   f"{title}\n+- SE over seeds", path)

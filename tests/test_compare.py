@@ -199,3 +199,25 @@ def test_reach_counts_iterations_evaluations_and_seconds_to_flow_grpos_best(tmp_
     # training reward: Flow-GRPO's best 5-iteration mean is (0.5 + 0.6 + 0.6) / 3 = 0.567 at iteration 3;
     # TP-GRPO's trailing mean reaches it at iteration 2 ((0.5 + 0.7) / 2 = 0.6)
     assert rows["tp-grpo"][5] == "0.567" and rows["tp-grpo"][6] == "2 (2-2, 0%)"
+
+
+def test_an_ablation_reports_each_method_against_its_axis_and_tp_grpos_lead(tmp_path, monkeypatch):
+    results = str(tmp_path / "results")
+    # per-seed changes: TP-GRPO +0.2 / +0.4 at a = 0.4 and +0.1 / +0.1 at a = 1.0; Flow-GRPO +0.1 / +0.1 at both
+    changes = {("tp-grpo", 0.4): (0.2, 0.4), ("tp-grpo", 1.0): (0.1, 0.1), ("flow-grpo", 0.4): (0.1, 0.1),
+               ("flow-grpo", 1.0): (0.1, 0.1)}
+    variants = {f"{m} a={a:g}": C.Variant(m, noise_level=a) for m, a in changes}
+    for (m, a), per_seed in changes.items():
+        for s, c in enumerate(per_seed):
+            write_result(results, "heldout", C.Variant(m, noise_level=a), s, [0.25, 0.25], [0.25 + c, 0.25 + c])
+    monkeypatch.setitem(C.EXPERIMENTS, "t", C.Experiment("t", "test", "heldout", (0, 1), lambda r: variants,
+                                                         "noise_level"))
+    text = C.write_reports(["t"], results, str(tmp_path / "docs"))
+    rows = {line.split(" | ")[0].strip("| "): [c.strip("| ") for c in line.split(" | ")[1:]]
+            for line in text.splitlines() if line.startswith("| ")}
+    assert rows["change +- SE over seeds"] == ["a = 0.4", "a = 1"]
+    # TP-GRPO at a = 0.4: mean +0.3, SE = std([0.2, 0.4]) / sqrt(2) = 0.1; no spread elsewhere
+    assert rows["tp-grpo"] == ["+0.300 +- 0.100", "+0.100 +- 0.000"]
+    assert rows["flow-grpo"] == ["+0.100 +- 0.000", "+0.100 +- 0.000"]
+    assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100", "+0.000 +- 0.000"]
+    assert (tmp_path / "docs" / "t.png").exists()
