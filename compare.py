@@ -328,7 +328,7 @@ def write_reports(names: list[str], results: str, docs: str) -> str:
             parts += [report.grid_table(runs, GRID_METHODS, len(GRID_SEEDS)), ""]
         parts += [report.table(runs), ""]
         if name == "headline":
-            parts += [report.reach_table(runs), ""]
+            parts += [report.evals_table(runs), "", report.reach_table(runs), ""]
         if exp.axis:
             parts += [report.axis_table(runs, exp.axis), ""]
         machines = {f"{r['machine']['cpu']}, {r['machine']['cores']} cores" for _, seeds in runs.values()

@@ -118,6 +118,18 @@ def grid_table(runs: dict, methods: tuple, seeds: int) -> str:
     return "\n".join(lines)
 
 
+def evals_table(runs: dict) -> str:
+    """The evaluations along the way: each variant's held-out score +- SE over seeds at every evaluation point."""
+    its = _evals(next(iter(runs.values()))[1])[0]  # (E,)
+    lines = ["| score +- SE over seeds | " + " | ".join("before" if i == 0 else f"iteration {i}" for i in its.tolist())
+             + " |", "|---|" + "---|" * len(its)]
+    for label, (_, seeds) in runs.items():
+        scores = _evals(seeds)[1]  # (S, E)
+        lines.append(f"| {label} | " + " | ".join(f"{m:.3f} +- {e:.3f}" for m, e in zip(scores.mean(0).tolist(),
+                                                                                      _se(scores).tolist())) + " |")
+    return "\n".join(lines)
+
+
 def reach_table(runs: dict, samples: int = 1000) -> str:
     """What each method spends to reach Flow-GRPO's best score: the first evaluation point (held-out, mean over
     seeds) and the first iteration (5-iteration mean of the training reward, mean over seeds) at or above

@@ -221,3 +221,8 @@ def test_an_ablation_reports_each_method_against_its_axis_and_tp_grpos_lead(tmp_
     assert rows["flow-grpo"] == ["+0.100 +- 0.000", "+0.100 +- 0.000"]
     assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100", "+0.000 +- 0.000"]
     assert (tmp_path / "docs" / "t.png").exists()
+    # the evaluations along the way, mean +- SE over the two (identical) seeds
+    evals = report.evals_table(runs).splitlines()
+    assert evals[0] == "| score +- SE over seeds | before | iteration 2 | iteration 4 |"
+    assert evals[2:] == ["| flow-grpo | 0.300 +- 0.000 | 0.400 +- 0.000 | 0.300 +- 0.000 |",
+                         "| tp-grpo | 0.300 +- 0.000 | 0.500 +- 0.000 | 0.500 +- 0.000 |"]
