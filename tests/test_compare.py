@@ -199,6 +199,11 @@ def test_reach_counts_iterations_evaluations_and_seconds_to_flow_grpos_best(tmp_
     # training reward: Flow-GRPO's best 5-iteration mean is (0.5 + 0.6 + 0.6) / 3 = 0.567 at iteration 3;
     # TP-GRPO's trailing mean reaches it at iteration 2 ((0.5 + 0.7) / 2 = 0.6)
     assert rows["tp-grpo"][5] == "0.567" and rows["tp-grpo"][6] == "2 (2-2, 0%)"
+    # the evaluations along the way, mean +- SE over the two (identical) seeds
+    evals = report.evals_table(runs).splitlines()
+    assert evals[0] == "| score +- SE over seeds | before | iteration 2 | iteration 4 |"
+    assert evals[2:] == ["| flow-grpo | 0.300 +- 0.000 | 0.400 +- 0.000 | 0.300 +- 0.000 |",
+                         "| tp-grpo | 0.300 +- 0.000 | 0.500 +- 0.000 | 0.500 +- 0.000 |"]
 
 
 def test_an_ablation_reports_each_method_against_its_axis_and_tp_grpos_lead(tmp_path, monkeypatch):
@@ -221,8 +226,3 @@ def test_an_ablation_reports_each_method_against_its_axis_and_tp_grpos_lead(tmp_
     assert rows["flow-grpo"] == ["+0.100 +- 0.000", "+0.100 +- 0.000"]
     assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100", "+0.000 +- 0.000"]
     assert (tmp_path / "docs" / "t.png").exists()
-    # the evaluations along the way, mean +- SE over the two (identical) seeds
-    evals = report.evals_table(runs).splitlines()
-    assert evals[0] == "| score +- SE over seeds | before | iteration 2 | iteration 4 |"
-    assert evals[2:] == ["| flow-grpo | 0.300 +- 0.000 | 0.400 +- 0.000 | 0.300 +- 0.000 |",
-                         "| tp-grpo | 0.300 +- 0.000 | 0.500 +- 0.000 | 0.500 +- 0.000 |"]
