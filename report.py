@@ -213,18 +213,20 @@ def axis_table(runs: dict, axis: str) -> str:
     """An ablation: each method's change +- SE over seeds (rows) at each value of one axis (columns: the noise
     level a or the window W); then each other method's difference from TP-GRPO (strict) at each value, +- the SE
     of a difference of independent means (two methods' runs share seeds, not trajectories)."""
-    at = {(v.method, getattr(v, axis)): change_stats(seeds) for v, seeds in runs.values()}
+    at = {(v.method, getattr(v, axis)): {**change_stats(seeds), "seeds": len(seeds)} for v, seeds in runs.values()}
     methods, values = list(dict.fromkeys(m for m, _ in at)), sorted({x for _, x in at})
-    fmt = lambda mean, se: f"{mean:+.3f} +- {se:.3f}"  # noqa: E731
+    full = max(c["seeds"] for c in at.values())
+    fmt = lambda mean, se, n: f"{mean:+.3f} +- {se:.3f}" + (f" ({n} of {full} seeds)" if n < full else "")  # noqa: E731
     lines = ["| change +- SE over seeds | " + " | ".join(f"{AXES[axis][0]} = {x:g}" for x in values) + " |",
              "|---|" + "---|" * len(values)]
     for m in methods:
-        lines.append(f"| {m} | " + " | ".join(fmt(at[m, x]["change"], at[m, x]["change_se"]) if (m, x) in at
-                                              else "-" for x in values) + " |")
+        lines.append(f"| {m} | " + " | ".join(fmt(at[m, x]["change"], at[m, x]["change_se"], at[m, x]["seeds"])
+                                              if (m, x) in at else "-" for x in values) + " |")
     for m in [m for m in methods if m != "tp-grpo" and "tp-grpo" in methods]:
         # difference of two methods' mean changes; its SE = sqrt(SE_1^2 + SE_2^2)
         cells = [fmt(at["tp-grpo", x]["change"] - at[m, x]["change"],
-                     math.hypot(at["tp-grpo", x]["change_se"], at[m, x]["change_se"]))
+                     math.hypot(at["tp-grpo", x]["change_se"], at[m, x]["change_se"]),
+                     min(at["tp-grpo", x]["seeds"], at[m, x]["seeds"]))
                  if ("tp-grpo", x) in at and (m, x) in at else "-" for x in values]
         lines.append(f"| tp-grpo minus {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -226,3 +226,10 @@ def test_an_ablation_reports_each_method_against_its_axis_and_tp_grpos_lead(tmp_
     assert rows["flow-grpo"] == ["+0.100 +- 0.000", "+0.100 +- 0.000"]
     assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100", "+0.000 +- 0.000"]
     assert (tmp_path / "docs" / "t.png").exists()
+    # an unfinished point says how many seeds it stands on (one seed has no spread to show)
+    os.remove(C.result_path(results, "heldout", C.Variant("flow-grpo", noise_level=1.0), 1))
+    text = C.write_reports(["t"], results, str(tmp_path / "docs"))
+    rows = {line.split(" | ")[0].strip("| "): [c.strip("| ") for c in line.split(" | ")[1:]]
+            for line in text.splitlines() if line.startswith("| ")}
+    assert rows["flow-grpo"] == ["+0.100 +- 0.000", "+0.100 +- 0.000 (1 of 2 seeds)"]
+    assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100", "+0.000 +- 0.000 (1 of 2 seeds)"]
