@@ -1,7 +1,8 @@
 """The laboratory's numbers and pictures (compare.py's reports): over finished runs of one experiment, the score
 change with its standard error over seeds and its paired standard error over the evaluation images, the grid's
-matrix, what each method spends to reach Flow-GRPO's best score (with a bootstrap over seeds), and curves against
-iterations, transformer evaluations and seconds. Pure functions of finished runs' results (compare.load_result:
+matrix, the headline's evaluations along the way and what each method spends to reach Flow-GRPO's best score (with
+a bootstrap over seeds), the ablations' change against a or W, and curves against iterations, transformer
+evaluations and seconds. Pure functions of finished runs' results (compare.load_result:
 {"rows": metrics rows, "evals": {tag: summary with per-image scores}}); `runs` is {label: (variant, [result per
 seed])}, a variant anything with compare.Variant's fields.
 
