@@ -145,7 +145,7 @@ PRESETS = {
     # 2 CPU cores: about 3.5 minutes.
     # T = 6 with a 5-step window from step 0 is the paper's FLUX.1-dev schedule; the held-out evaluation is the
     # one the checkpoint ships values for (toyworld.HELDOUT_SETTINGS: 1024 images, fixed noise). lr and the ratio
-    # clip are TP-GRPO's choice on the validation split (`python compare.py report grid`, docs/lab/grid.md)
+    # clip are TP-GRPO's choice on the validation split (`python -m lab.compare report grid`, lab/reports/grid.md)
     "tiny": dict(toyworld.HELDOUT_SETTINGS, model=TOY_MODEL, prompts="toy:train", steps=toyworld.STEPS,
                  guidance=1.0, window=5, group_size=8, prompts_per_iter=4, sample_batch=32, train_batch=16,
                  lr=3e-3, lora_rank=8, lora_alpha=16, mixed_precision="no", reward_batch=64,

@@ -3,16 +3,16 @@
 Why it exists: nobody can check on a CPU that RL fine-tuning of a text-to-image model LEARNS. Random-weight models
 draw noise and SD3.5-M needs a GPU. This file keeps the paper's story at 32x32 pixels: prompts such as
 "three blue circles" (the GenEval "counting" and "colors" tasks, paper Sec. 5.1) and a programmatic reward with
-graded partial credit; toymodel.py pretrains a tiny flow model in this world that often draws the wrong colour,
+graded partial credit; lab/toymodel.py pretrains a tiny flow model in this world that often draws the wrong colour,
 so that GRPO (`train.py --task tiny`) has something to improve in a few CPU minutes.
 
   1. the world: caption grammar, seeded renderer, train / held-out / validation splits of generation seeds,
   2. the reward: colour quantization by hue + connected components (OpenCV), batched, with its components,
-  3. the held-out evaluation `train.py --task tiny` runs (HELDOUT_SETTINGS) and the validation one that compare.py
+  3. the held-out evaluation `train.py --task tiny` runs (HELDOUT_SETTINGS) and the validation one that lab/compare.py
      chooses hyperparameters on (VALIDATION_SETTINGS).
 
 Run: `python -m pytest tests/test_toyworld.py`; the world is used by config.py (the "toy:train" / "toy:heldout"
-/ "toy:validation" prompt sets), rewards.py (the "toy" reward) and toymodel.py (pretraining data).
+/ "toy:validation" prompt sets), rewards.py (the "toy" reward) and lab/toymodel.py (pretraining data).
 
 The reward (documented again at `toy_components`): per image, with the prompt's count k and colour c, n_c the
 objects of colour c found, and ink = the pixels with colour (not white, grey or a faint fringe),
@@ -256,7 +256,7 @@ HELDOUT_EVAL = "heldout_eval.json"
 HELDOUT_SETTINGS = {"eval_prompts": "toy:heldout", "eval_samples": HELDOUT_SIZE, "eval_steps": STEPS,
                     "eval_guidance": 1.0, "rewards": "toy:1", "resolution": RESOLUTION,
                     "max_sequence_length": MAX_SEQUENCE_LENGTH, "eval_seed": 2_000_003}
-# The validation evaluation (compare.py chooses hyperparameters on it; the held-out split is only reported): its
+# The validation evaluation (lab/compare.py chooses hyperparameters on it; the held-out split is only reported): its
 # own captions (the validation split's generation seeds) and its own noise, shipped too (VALIDATION_EVAL)
 VALIDATION_EVAL = "validation_eval.json"
 VALIDATION_SETTINGS = dict(HELDOUT_SETTINGS, eval_prompts="toy:validation", eval_seed=3_000_017)
@@ -265,7 +265,7 @@ SHIPPED_EVALS = {"heldout": (HELDOUT_EVAL, HELDOUT_SETTINGS), "validation": (VAL
 
 def shipped_heldout_values(cfg) -> dict[str, torch.Tensor] | None:
     """The base model's evaluation values shipped beside it (cfg.model/HELDOUT_EVAL or VALIDATION_EVAL, written by
-    `python toymodel.py pretrain`), when the run's evaluation settings (a config.Config) are exactly the ones they
+    `python -m lab.toymodel pretrain`), when the run's evaluation settings (a config.Config) are exactly the ones they
     were computed with; else None. A run from iteration 0 starts from the base model (LoRA's B = 0), so its
     "before" evaluation IS these values, and train.py recomputes only the first images to check them."""
     for filename, _ in SHIPPED_EVALS.values():

@@ -1,4 +1,4 @@
-"""compare.py and report.py: variants become the train.py settings they name, a killed sweep resumes without
+"""lab/compare.py and lab/report.py: variants become the train.py settings they name, a killed sweep resumes without
 redoing finished runs, the grid widens where a best setting sits at its edge and the choice is the best on
 validation, a real train.py run folder is harvested whole, and the report's numbers against hand computation on
 synthetic runs."""
@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-import compare as C
 import config
-import report
 import train
+from lab import compare as C
+from lab import report
 
 FAKE_TRAIN = """
 import json, os, sys

@@ -1,4 +1,4 @@
-"""gpu_check.py's dry run: every item of the GPU check at tiny sizes on the CPU (about half a minute), so that the
+"""tools/gpu_check.py's dry run: every item of the GPU check at tiny sizes on the CPU (about half a minute), so that the
 one prepared GPU command cannot rot between GPU slots; and the DeepSpeed item's tolerance judged on made-up LoRAs.
 With deepspeed installed (requirements.txt) the dry run launches train.py under configs/deepspeed_zero2.yaml on
 one process, in float32, and its LoRA must equal the plain launch's up to rounding."""
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-import gpu_check
+from tools import gpu_check
 
 
 @pytest.fixture(scope="module")

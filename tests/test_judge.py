@@ -1,10 +1,10 @@
-"""judge.py: the agreement statistics against hand computation, and the SDE-continuation truth against the ODE judge
+"""lab/judge.py: the agreement statistics against hand computation, and the SDE-continuation truth against the ODE judge
 where they must coincide (noise level a = 0: every continuation is the ODE itself), on the shipped toy model."""
 
 import torch
 
-import judge
 import turning_points as tp
+from lab import judge
 
 
 def test_agreement_against_hand_computation():

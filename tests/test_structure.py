@@ -1,7 +1,9 @@
-"""The house rules a reader relies on, checked on the source text (no imports, so it runs in milliseconds): the
-top-level modules import each other without a cycle, none of them imports train.py (the script at the top of the
-graph), every import sits at the top of its file, no comment cites a document the reader does not have, and every
-collective goes through collectives.py (which puts its tensors on the accelerator's device, as NCCL needs)."""
+"""The house rules a reader relies on, checked on the source text (no imports, so it runs in milliseconds), over
+every folder (the method at the top level, lab/, tools/, tests/): the modules import each other without a cycle,
+none of them imports train.py (the script at the top of the graph), the top level never imports lab/ or tools/
+(the reproduction stands without its laboratory and tools: no arrow runs back up), every import sits at the top of
+its file, no comment cites a document the reader does not have, and every collective goes through collectives.py
+(which puts its tensors on the accelerator's device, as NCCL needs)."""
 
 import ast
 import glob
@@ -9,7 +11,12 @@ import os
 import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = {os.path.basename(p)[:-3]: p for p in glob.glob(os.path.join(ROOT, "*.py"))}
+PACKAGES = ("lab", "tools")
+DOCS = [p for d in ("", "docs", "lab", "lab/reports") for p in sorted(glob.glob(os.path.join(ROOT, d, "*.md")))]  # folders of modules run as `python -m lab.compare`, `python -m tools.gpu_check`
+# {dotted name: path}: 'sampler', 'lab.compare', 'tools.gpu_check' (a package's __init__ is its own name)
+MODULES = {os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__"): p
+           for p in glob.glob(os.path.join(ROOT, "*.py")) + [q for d in PACKAGES
+                                                              for q in glob.glob(os.path.join(ROOT, d, "*.py"))]}
 
 
 def local_imports(path: str) -> tuple[set[str], list[int]]:
@@ -19,9 +26,10 @@ def local_imports(path: str) -> tuple[set[str], list[int]]:
     top = {id(node) for node in tree.body}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found = {a.name.split(".")[0] for a in node.names}
+            found = {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found = {node.module.split(".")[0]}
+            # `from lab import report` imports lab.report; `from checkpoint import Progress` imports checkpoint
+            found = {node.module} | {f"{node.module}.{a.name}" for a in node.names}
         else:
             continue
         names |= found & MODULES.keys()
@@ -32,8 +40,11 @@ def local_imports(path: str) -> tuple[set[str], list[int]]:
 
 def test_modules_import_without_a_cycle_and_nothing_imports_train():
     graph = {name: local_imports(path)[0] for name, path in MODULES.items()}
-    assert "train" in graph and "sampler" in graph
+    assert {"train", "sampler", "lab.compare", "tools.gpu_check"} <= graph.keys()
     assert not [m for m, deps in graph.items() if "train" in deps], "a module imports train.py"
+    upward = [f"{m} -> {d}" for m, deps in graph.items() if "." not in m and m not in PACKAGES for d in deps
+              if d.split(".")[0] in PACKAGES]
+    assert not upward, f"the top level imports the laboratory or the tools: {upward}"
     done, visiting = set(), []
 
     def visit(m):  # depth-first search; a module met again on the current path closes a cycle
@@ -59,10 +70,9 @@ def test_no_citation_of_a_document_outside_the_repository():
     the workplace's folders are never cited, and every path into the repository's own docs/, configs/ or toy_model/
     names a file that exists. (Files of the authors' repositories are cited by their own paths, e.g.
     flow_grpo/ema.py: those are the reader's to open on GitHub.)"""
-    files = list(MODULES.values()) + glob.glob(os.path.join(ROOT, "tests", "*.py")) + \
-        [os.path.join(ROOT, "README.md")] + glob.glob(os.path.join(ROOT, "docs", "*.md"))
+    files = list(MODULES.values()) + glob.glob(os.path.join(ROOT, "tests", "*.py")) + DOCS
     internal = re.compile(r"\bSPEC\b|\.\./shared|/work/|\bshared/SPEC")
-    own_path = re.compile(r"(?<![\w/.])((?:docs|configs|toy_model)/[\w./-]*\w)")
+    own_path = re.compile(r"(?<![\w/.])((?:docs|configs|toy_model|lab|tools|tests)/[\w./-]*\w)")
     cited, missing = [], []
     for f in files:
         if f.endswith("test_structure.py"):
@@ -102,3 +112,20 @@ def test_every_collective_goes_through_collectives_py():
             if direct or imported or distributed:
                 found.append(f"{name}.py:{node.lineno} {ast.unparse(node)[:60]}")
     assert not found, f"collectives outside collectives.py (use collectives.gather / reduce_sum): {found}"
+
+
+MD_LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+
+
+def test_every_relative_link_in_the_docs_exists():
+    """Every relative link of README.md, docs/ and the laboratory's pages opens a file of the repository (resolved
+    from the page's own folder; an anchor after # is not checked, a web address is skipped)."""
+    missing = []
+    for page in DOCS:
+        for i, line in enumerate(open(page, encoding="utf-8"), 1):
+            for target in MD_LINK.findall(re.sub(r"`[^`]*`", "", line)):  # code spans hold no links
+                path = target.split("#", 1)[0]
+                if path and not re.match(r"[a-z]+:", path) and \
+                        not os.path.exists(os.path.join(os.path.dirname(page), path)):
+                    missing.append(f"{os.path.relpath(page, ROOT)}:{i} {target}")
+    assert not missing, f"links to files that do not exist: {missing}"

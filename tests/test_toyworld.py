@@ -1,4 +1,4 @@
-"""Tests of toyworld.py and toymodel.py: caption grammar, renderer and split, the programmatic reward (oracle: the
+"""Tests of toyworld.py and lab/toymodel.py: caption grammar, renderer and split, the programmatic reward (oracle: the
 rendered ground truth and hand-built images), the shipped checkpoint, and the pretraining routine."""
 
 import json
@@ -12,8 +12,8 @@ import config
 import evaluate
 import models
 import rewards
-import toymodel
 import toyworld as tw
+from lab import toymodel
 
 MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "toy_model")
 

@@ -4,11 +4,11 @@ that this predicts the average outcome of the stochastic sampler from s_k, and t
 what it misses: how a state interacts with the noise of the later steps. This file measures that premise and
 draws what the judge sees.
 
-  python judge.py measure        # ODE judge vs the mean of M SDE continuations, per window step and noise level a:
-                                 # results/judge/ode_vs_sde.json, docs/lab/{judge.md, judge.png}
-  python judge.py fidelity       # the cheaper judges (--completion ode:K, x0) against the full ODE judge:
-                                 # results/judge/fidelity.json, docs/lab/{fidelity.md}
-  python judge.py figures        # docs/turning_points.png and docs/filmstrip.png (the README's pictures)
+  python -m lab.judge measure    # ODE judge vs the mean of M SDE continuations, per window step and noise level a:
+                                 # lab/results/judge/ode_vs_sde.json, lab/reports/{judge.md, judge.png}
+  python -m lab.judge fidelity   # the cheaper judges (--completion ode:K, x0) against the full ODE judge:
+                                 # lab/results/judge/fidelity.json, lab/reports/{fidelity.md}
+  python -m lab.judge figures    # docs/turning_points.png and docs/filmstrip.png (the README's pictures)
 
 Shape legend: n trajectories, G group members, M continuations per state, W window steps, R (n, W+1) a judge's
 rewards of the window states s_0..s_W, C/h/w the toy model's latent channels/height/width, which are its pixels
@@ -33,7 +33,8 @@ import toyworld
 import turning_points as tp
 
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+LAB = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(LAB)
 
 
 def toy_setup():
@@ -132,7 +133,7 @@ def measure(args) -> dict:
     state, and the mean of M SDE continuations from it; their agreement (`agreement`) and the Monte-Carlo error of
     the truth itself (mean sd / sqrt(M))."""
     if args.report:
-        return report_measure(json.load(open(os.path.join(args.results, "judge", "ode_vs_sde.json"))), args.docs)
+        return report_measure(json.load(open(os.path.join(args.results, "judge", "ode_vs_sde.json"))), args.reports)
     cfg, pipe, reward_fn, _ = toy_setup()
     out = {"settings": {"prompts": 48, "members": args.members, "continuations": args.continuations,
                         "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler, "seed": args.seed},
@@ -146,7 +147,7 @@ def measure(args) -> dict:
         out["levels"][f"{a:g}"] = row
         log_row(f"a={a:g}", row)
     write_json(out, os.path.join(args.results, "judge", "ode_vs_sde.json"))
-    report_measure(out, args.docs)
+    report_measure(out, args.reports)
     return out
 
 
@@ -172,12 +173,12 @@ def fidelity(args) -> dict:
         out["judges"][spec] = row
         log_row(spec, row)
     write_json(out, os.path.join(args.results, "judge", "fidelity.json"))
-    report_fidelity(out, args.docs)
+    report_fidelity(out, args.reports)
     return out
 
 
-def report_fidelity(out: dict, docs: str) -> None:
-    """`docs`/fidelity.md: each judge's agreement with the full ODE judge, per window state and step."""
+def report_fidelity(out: dict, reports: str) -> None:
+    """`reports`/fidelity.md: each judge's agreement with the full ODE judge, per window state and step."""
     st, W = out["settings"], out["settings"]["window"]
     lines = [f"Cheaper judges against the full ODE judge on the same window states ({st['prompts']} captions x "
              f"{st['members']} trajectories, T = {st['steps']}, W = {W}, a = {st['noise_level']}); R_k error at "
@@ -188,8 +189,8 @@ def report_fidelity(out: dict, docs: str) -> None:
         lines.append(f"| {spec} | {row['evals_per_trajectory']:.0f} | {' '.join(f'{v:.3f}' for v in row['rmse'][:W])} "
                      f"| {' '.join(f'{v:.2f}' for v in row['d_sign_agree'])} | {row['d_sign_agree_moved']:.2f} | "
                      f"{row['tp_precision']:.2f} / {row['tp_recall']:.2f} | {row['adv_corr']:.3f} |")
-    os.makedirs(docs, exist_ok=True)
-    with open(os.path.join(docs, "fidelity.md"), "w") as f:
+    os.makedirs(reports, exist_ok=True)
+    with open(os.path.join(reports, "fidelity.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -208,8 +209,8 @@ def log_row(name: str, row: dict) -> None:
           + (f" | advantage corr {row['adv_corr']:.3f}" if "adv_corr" in row else ""), flush=True)
 
 
-def report_measure(out: dict, docs: str) -> None:
-    """`docs`/judge.md: the agreement table per noise level and window state; `docs`/judge.png: the ODE judge
+def report_measure(out: dict, reports: str) -> None:
+    """`reports`/judge.md: the agreement table per noise level and window state; `reports`/judge.png: the ODE judge
     against the SDE mean, one panel per noise level, coloured by window state."""
     st = out["settings"]
     lines = [f"ODE judge R_k = R(ODE-complete(s_k)) against the mean reward of {st['continuations']} SDE "
@@ -233,8 +234,8 @@ def report_measure(out: dict, docs: str) -> None:
                                          ("d_sign_agree", "d_k sign agreement (step k+1)")]):
             cells = " | ".join(f"{v:+.3f}" if key == "bias" else f"{v:.3f}" for v in row[key][:st["window"]])
             lines.append(f"| {a if i == 0 else ''} | {name} | {cells} | {tps if i == 0 else ''} |")
-    os.makedirs(docs, exist_ok=True)
-    with open(os.path.join(docs, "judge.md"), "w") as f:
+    os.makedirs(reports, exist_ok=True)
+    with open(os.path.join(reports, "judge.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     levels = list(out["levels"].items())
@@ -251,7 +252,7 @@ def report_measure(out: dict, docs: str) -> None:
     axes[0].set_ylabel("ODE judge R_k")
     axes[0].legend(fontsize=7, markerscale=2)
     fig.tight_layout()
-    fig.savefig(os.path.join(docs, "judge.png"))
+    fig.savefig(os.path.join(reports, "judge.png"))
 
 
 def figures(args) -> None:
@@ -315,22 +316,22 @@ def main():
     fg.add_argument("--group", type=int, default=8)
     fg.add_argument("--seed", type=int, default=1)
     fg.add_argument("--rule", default="strict", choices=["strict", "base"], help="turning-point rule")
-    fg.add_argument("--docs", default="docs", help="where the PNGs go")
+    fg.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="where the PNGs go")
     ms = sub.add_parser("measure", help="the ODE judge against the mean of SDE continuations")
     ms.add_argument("--noise", type=float, nargs="+", default=[0.4, 0.7, 1.0], help="noise levels a")
     ms.add_argument("--members", type=int, default=2, help="trajectories per training caption (48 captions)")
     ms.add_argument("--continuations", type=int, default=16, help="M, SDE continuations per window state")
     ms.add_argument("--seed", type=int, default=0)
-    ms.add_argument("--results", default=os.path.join(ROOT, "results"))
-    ms.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"))
+    ms.add_argument("--results", default=os.path.join(LAB, "results"))
+    ms.add_argument("--reports", default=os.path.join(LAB, "reports"))
     ms.add_argument("--report", action="store_true",
-                    help="only rewrite judge.md and judge.png in --docs from the results")
+                    help="only rewrite judge.md and judge.png in --reports from the results")
     fi = sub.add_parser("fidelity", help="cheaper judges (--completion) against the full ODE judge")
     fi.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
     fi.add_argument("--members", type=int, default=8, help="trajectories per training caption: a GRPO group")
     fi.add_argument("--seed", type=int, default=0)
-    fi.add_argument("--results", default=os.path.join(ROOT, "results"))
-    fi.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"))
+    fi.add_argument("--results", default=os.path.join(LAB, "results"))
+    fi.add_argument("--reports", default=os.path.join(LAB, "reports"))
     args = p.parse_args()
     {"figures": figures, "measure": measure, "fidelity": fidelity}[args.command](args)
 

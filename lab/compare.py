@@ -1,10 +1,10 @@
 """The toy world as a laboratory: the paper's experiments (Sec. 5: the headline comparison, the ablations of the
 noise level and the SDE window) in miniature, each a named set of variants x seeds of `train.py --task tiny`.
 
-  python compare.py list                        # the experiments, their variants, seeds and what is finished
-  python compare.py run grid fair headline      # run experiments in order; finished runs are skipped
-  python compare.py run grid --jobs 2           # two runs at a time (one thread each)
-  python compare.py report grid                 # docs/lab/{grid.md, grid.png} (the table is printed too; report.py)
+  python -m lab.compare list                    # the experiments, their variants, seeds and what is finished
+  python -m lab.compare run grid fair headline  # run experiments in order; finished runs are skipped
+  python -m lab.compare run grid --jobs 2       # two runs at a time (one thread each)
+  python -m lab.compare report grid             # lab/reports/{grid.md, grid.png} (the table is printed too; report.py)
 
 A variant fixes the experiment's axes (the method and lr, ratio clip, noise level a, window W, iterations); every
 other setting is the tiny preset's. The axes' values are written out in full in every run's name, so a run means
@@ -14,9 +14,9 @@ validation change; every other experiment is reported on the held-out split with
 choice never sees the images or the training seeds it is reported on.
 
 Each finished run leaves two things: its folder under runs/lab/ (checkpoint, pictures, everything train.py writes)
-and a small gzipped JSON under results/ (its metrics, its evaluations' summaries and per-image scores, the machine
+and a small gzipped JSON under lab/results/ (its metrics, its evaluations' summaries and per-image scores, the machine
 it ran on), which is committed: a sweep killed at any point, or moved to another machine, picks up where it
-stopped, and `report` needs only results/.
+stopped, and `report` needs only lab/results/.
 
 Shape legend: S seeds, I iterations, M evaluation images.
 """
@@ -36,10 +36,11 @@ from dataclasses import dataclass
 
 import torch
 
-import report
 import toyworld
+from lab import report
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+LAB = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(LAB)
 TRAIN = os.path.join(ROOT, "train.py")
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -60,7 +61,7 @@ SPLIT_FLAGS = {"heldout": [], "validation": ["--eval-prompts", toyworld.VALIDATI
 # setting sits at its edge (`grid_axes`).
 LR_LADDER = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 # The clip ladder first ended at 1e-5 (the authors' SD3.5-M value); both methods' bests landed there, and a best at
-# an edge extends the grid, so it was lengthened to 1e-7 before any run below 1e-5 (docs/lab/grid.md).
+# an edge extends the grid, so it was lengthened to 1e-7 before any run below 1e-5 (lab/reports/grid.md).
 CLIP_LADDER = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 GRID_START = {"lr": (3e-4, 1e-2), "clip_range": (1e-4, 1e-3)}  # (lowest, highest) before widening
 GRID_METHODS = ("flow-grpo", "tp-grpo")
@@ -150,7 +151,7 @@ def chosen(results: str, method: str) -> Variant:
     missing = [v.name for v in grid if not finished(results, "validation", v, GRID_SEEDS)]
     if missing:
         raise SystemExit(f"error: the grid is not finished ({len(missing)} of {len(grid)} {tuned} settings missing, "
-                         f"e.g. {missing[0]}); run `python compare.py run grid` first")
+                         f"e.g. {missing[0]}); run `python -m lab.compare run grid` first")
     best = max(grid, key=lambda v: mean_score(results, "validation", v, GRID_SEEDS))
     return dataclasses.replace(best, method=method)
 
@@ -314,15 +315,15 @@ def load_experiment(results: str, exp: Experiment) -> dict[str, tuple[Variant, l
     return out
 
 
-def write_reports(names: list[str], results: str, docs: str) -> str:
-    """docs/<experiment>.md (tables) and docs/<experiment>.png (curves) for each experiment; returns the text."""
-    os.makedirs(docs, exist_ok=True)
+def write_reports(names: list[str], results: str, reports: str) -> str:
+    """<reports>/<experiment>.md (tables) and <experiment>.png (curves) for each experiment; returns the text."""
+    os.makedirs(reports, exist_ok=True)
     texts = []
     for name in names:
         exp = EXPERIMENTS[name]
         runs = load_experiment(results, exp)
         if not runs:
-            raise SystemExit(f"error: no finished runs of '{name}' under {results}; run `python compare.py run {name}`")
+            raise SystemExit(f"error: no finished runs of '{name}' under {results}; run `python -m lab.compare run {name}`")
         parts = [f"### {name}: {exp.doc}", "", f"Split: {exp.split}; seeds {', '.join(map(str, exp.seeds))}.", ""]
         if name == "grid":
             parts += [report.grid_table(runs, GRID_METHODS, len(GRID_SEEDS)), ""]
@@ -335,14 +336,14 @@ def write_reports(names: list[str], results: str, docs: str) -> str:
                     for r in seeds}
         parts.append(f"Machine: {'; '.join(sorted(machines))}.")
         text = "\n".join(parts)
-        with open(os.path.join(docs, f"{name}.md"), "w") as f:
+        with open(os.path.join(reports, f"{name}.md"), "w") as f:
             f.write(text + "\n")
         if name == "grid":
-            report.grid_figure(runs, GRID_METHODS, os.path.join(docs, "grid.png"))
+            report.grid_figure(runs, GRID_METHODS, os.path.join(reports, "grid.png"))
         elif exp.axis:
-            report.axis_figure(runs, exp.axis, os.path.join(docs, f"{name}.png"), f"{name}: {exp.doc}")
+            report.axis_figure(runs, exp.axis, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
         else:
-            report.figure(runs, os.path.join(docs, f"{name}.png"), f"{name}: {exp.doc}")
+            report.figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
         texts.append(text)
     print("\n\n".join(texts))
     return "\n\n".join(texts)
@@ -356,12 +357,12 @@ def main():
         s = sub.add_parser(cmd, help=text)
         s.add_argument("experiments", nargs="*" if cmd != "run" else "+",
                        help=f"{' | '.join(EXPERIMENTS)}" + (" (default: all)" if cmd != "run" else ""))
-        s.add_argument("--results", default=os.path.join(ROOT, "results"), help="finished runs' small results")
+        s.add_argument("--results", default=os.path.join(LAB, "results"), help="finished runs' small results")
         if cmd == "run":
             s.add_argument("--runs", default="runs/lab", help="the run folders")
             s.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one thread when > 1)")
         if cmd == "report":
-            s.add_argument("--docs", default=os.path.join(ROOT, "docs", "lab"), help="where tables and PNGs go")
+            s.add_argument("--reports", default=os.path.join(LAB, "reports"), help="where tables and PNGs go")
     args = p.parse_args()
     names = args.experiments or list(EXPERIMENTS)
     unknown = [n for n in names if n not in EXPERIMENTS]
@@ -370,7 +371,7 @@ def main():
     if args.command == "run":
         run(names, args.results, args.runs, args.jobs)
     elif args.command == "report":
-        write_reports(names, args.results, args.docs)
+        write_reports(names, args.results, args.reports)
     else:
         for name in names:
             exp = EXPERIMENTS[name]

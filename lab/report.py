@@ -1,4 +1,4 @@
-"""The laboratory's numbers and pictures (compare.py's reports): over finished runs of one experiment, the score
+"""The laboratory's numbers and pictures (lab/compare.py's reports): over finished runs of one experiment, the score
 change with its standard error over seeds and its paired standard error over the evaluation images, the grid's
 matrix, the headline's evaluations along the way and what each method spends to reach Flow-GRPO's best score (with
 a bootstrap over seeds), the ablations' change against a or W, and curves against iterations, transformer
@@ -6,7 +6,7 @@ evaluations and seconds. Pure functions of finished runs' results (compare.load_
 {"rows": metrics rows, "evals": {tag: summary with per-image scores}}); `runs` is {label: (variant, [result per
 seed])}, a variant anything with compare.Variant's fields.
 
-Run: through `python compare.py report ...`; tested by `python -m pytest tests/test_compare.py`.
+Run: through `python -m lab.compare report ...`; tested by `python -m pytest tests/test_compare.py`.
 
 Shape legend: S seeds, I iterations, E evaluation points, M evaluation images.
 """

@@ -20,9 +20,9 @@ transformer', 'Real runs (FLUX.1-dev)' and 'DeepSpeed' show their tables):
 An item that fails is recorded with its error and the next one runs (a GPU slot is too scarce to lose to one bug);
 the exit status is then 1.
 
-  python gpu_check.py                                  # one GPU: runs/gpu_check/gpu_check.json and gpu_check.md
-  python gpu_check.py --only train_runs deepspeed_zero2     # some items
-  python gpu_check.py --dry-run                        # every item at tiny sizes on the CPU (tests/test_gpu_check.py)
+  python -m tools.gpu_check                            # one GPU: runs/gpu_check/gpu_check.json and gpu_check.md
+  python -m tools.gpu_check --only train_runs deepspeed_zero2   # some items
+  python -m tools.gpu_check --dry-run                  # every item at tiny sizes on the CPU (tests/test_gpu_check.py)
 
 No download: random weights, the toy world's prompts, a reward without a model (JPEG compressibility). On a GPU
 machine without internet, carry the wheels the README's 'The GPU check' section lists.
@@ -48,7 +48,7 @@ from safetensors.torch import load_file
 import bench
 import evaluate
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITEMS = ("sd35m_compile", "flux_dev", "train_runs", "deepspeed_zero2")
 PHASE_KEYS = ("sample", "reward", "train")  # train.py's time/<phase>_s: sampling, decode + reward, training
 # What the DeepSpeed launch's LoRA after one iteration may differ from the plain launch's (item 4):

@@ -9,13 +9,13 @@ the real SD3 code path of sampler.py and train.py at a size two CPU cores train 
   2. rectified-flow pretraining (x_sigma = (1 - sigma) x0 + sigma x1, v = x1 - x0) and the checkpoint's recipe.
 
 Run:
-  python toymodel.py pretrain --out toy_model      # the shipped checkpoint from scratch, bit for bit (~35 min)
-  python toymodel.py evaluate --model toy_model    # held-out score +- SE on 1024 images, strict, colour, count
-  python toymodel.py evaluate --model toy_model --grid samples.png     # also save a picture of the samples
-  python toymodel.py evaluate --model toy_model --split validation --write   # (re)write the shipped validation values
+  python -m lab.toymodel pretrain --out toy_model  # the shipped checkpoint from scratch, bit for bit (~35 min)
+  python -m lab.toymodel evaluate --model toy_model   # held-out score +- SE on 1024 images, strict, colour, count
+  python -m lab.toymodel evaluate --model toy_model --grid samples.png     # also save a picture of the samples
+  python -m lab.toymodel evaluate --model toy_model --split validation --write   # (re)write the shipped validation values
   python -m pytest tests/test_toyworld.py
 
-The shipped toy_model/ (`python toymodel.py pretrain`, `make_toy_model`: 1200 clean steps of batch 64, then 200
+The shipped toy_model/ (`python -m lab.toymodel pretrain`, `make_toy_model`: 1200 clean steps of batch 64, then 200
 steps at lr 3e-4 with half the captions naming a wrong colour; seed 0, 1 thread; EMA weights, 2.9 MB): held-out
 score 0.382 +- 0.013 (1024 images, T = 6, no CFG), strict 0.145, colour 0.449, count 0.315. It draws the asked
 colour for about half the images and often a mix: the room GRPO fills first (the clean checkpoint of phase 1
@@ -218,7 +218,7 @@ def pretrain(out: str | None, steps: int, seed: int = 0, batch: int = 64, lr: fl
 def make_toy_model(out: str | None, seed: int = 0, steps: int = CLEAN_STEPS, noisy_steps: int = NOISY_STEPS,
                    noisy_lr: float = NOISY_LR, colour_noise: float = COLOUR_NOISE, init: str | None = None,
                    eval_every: int = 100, log=print) -> dict:
-    """The shipped checkpoint in two phases, one command (`python toymodel.py pretrain`):
+    """The shipped checkpoint in two phases, one command (`python -m lab.toymodel pretrain`):
 
       1. `steps` clean steps (lr 1e-3, true captions): colours right, counts partly right;
       2. `noisy_steps` more steps from phase 1's EMA weights at `noisy_lr` with a fraction `colour_noise` of the
