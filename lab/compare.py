@@ -66,6 +66,7 @@ CLIP_LADDER = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 GRID_START = {"lr": (3e-4, 1e-2), "clip_range": (1e-4, 1e-3)}  # (lowest, highest) before widening
 GRID_METHODS = ("flow-grpo", "tp-grpo")
 GRID_SEEDS, REPORT_SEEDS = (0, 1), (10, 11, 12)
+SIX_SEEDS = (10, 11, 12, 13, 14, 15)  # the confirmatory round's seeds (lab/README.md): 10-12 and three fresh ones
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class Experiment:
     seeds: tuple[int, ...]
     variants: object  # (results folder) -> {label: Variant}; may read finished runs (the grid's choice)
     axis: str = ""  # the Variant field an ablation varies: its report adds the change against it (report.axis_table)
+    contrasts: tuple = ()  # pre-registered (label A, label B) pairs: seed-paired A - B (report.contrast_table)
 
 
 def _ladder_window(ladder: tuple, lo: float, hi: float) -> list[float]:
@@ -162,17 +164,35 @@ def _at_choice(methods, **axes):
 
 
 ALL = tuple(METHODS)
+# The pre-registered contrasts (lab/README.md, 'The confirmatory round'): each a seed-paired difference A - B of the
+# held-out change after training, tested with a two-sided paired t interval at 95% (report.contrast_table).
+FAIR = (("tp-grpo", "flow-grpo"), ("tp-grpo", "incremental"), ("tp-grpo", "tp-grpo-base"), ("incremental", "flow-grpo"))
+JUDGES = (("tp-grpo x0", "tp-grpo ode"), ("tp-grpo ode:3", "tp-grpo ode"), ("tp-grpo ode:2", "tp-grpo ode"),
+          ("tp-grpo x0", "flow-grpo"))
+HEADLINE = (("tp-grpo", "flow-grpo"), ("incremental", "tp-grpo"), ("tp-grpo x0", "flow-grpo"),
+            ("tp-grpo x0", "tp-grpo"), ("incremental x0", "tp-grpo x0"))
+
+
+def _headline(results: str) -> dict[str, Variant]:
+    """Flow-GRPO, TP-GRPO and incremental at their chosen settings, and the last two with the cheap judge x0."""
+    full = _at_choice(("flow-grpo", "tp-grpo", "incremental"), iterations=100, eval_every=20)(results)
+    cheap = _at_choice(("tp-grpo", "incremental"), iterations=100, eval_every=20, completion="x0")(results)
+    return {**full, **{f"{m} x0": v for m, v in cheap.items()}}
+
+
 EXPERIMENTS = {e.name: e for e in [
     Experiment("methods", "the four methods at the shared default (lr 1e-3, clip 1e-4), seeds 0-2: the old quick "
                "comparison", "heldout", (0, 1, 2), lambda results: {m: Variant(m) for m in ALL}),
     Experiment("grid", "Flow-GRPO and TP-GRPO over lr x ratio clip on the validation split, seeds 0 and 1: each "
                "method's setting is chosen here", "validation", GRID_SEEDS, grid_variants),
-    Experiment("fair", "every method at its chosen setting and at the shared default, held-out, fresh seeds", "heldout",
-               REPORT_SEEDS, lambda results: {**_at_choice(ALL)(results),
-                                              **{f"{m} @default": Variant(m) for m in ALL}}),
+    Experiment("fair", "every method at its chosen setting, held-out, fresh seeds", "heldout", SIX_SEEDS,
+               _at_choice(ALL), contrasts=FAIR),
+    Experiment("default", "every method at the shared default (lr 1e-3, clip 1e-4), held-out, fresh seeds: what "
+               "tuning one method only does", "heldout", REPORT_SEEDS,
+               lambda results: {f"{m} @default": Variant(m) for m in ALL}),
     Experiment("headline", "100 iterations at the chosen settings with a held-out evaluation every 20: the paper's "
-               "sample-efficiency claim", "heldout", REPORT_SEEDS,
-               _at_choice(("flow-grpo", "tp-grpo", "incremental"), iterations=100, eval_every=20)),
+               "sample-efficiency claim, and the cheap judge x0 at Flow-GRPO's transformer cost", "heldout",
+               SIX_SEEDS, _headline, contrasts=HEADLINE),
     Experiment("noise", "the noise level a in {0.4, 0.7, 1.0} at the chosen settings (the paper's Table of a)",
                "heldout", REPORT_SEEDS, lambda results: {f"{m} a={a:g}": v for a in (0.4, 0.7, 1.0) for m, v in
                                                          _at_choice(ALL, noise_level=a)(results).items()},
@@ -182,10 +202,10 @@ EXPERIMENTS = {e.name: e for e in [
                                 _at_choice(("flow-grpo", "tp-grpo", "incremental"), window=w)(results).items()},
                "window"),
     Experiment("judges", "TP-GRPO with cheaper judges of the window states (docs/method.md, 'Cheaper judges') "
-               "against the full ODE and Flow-GRPO", "heldout", REPORT_SEEDS,
+               "against the full ODE and Flow-GRPO", "heldout", SIX_SEEDS,
                lambda results: {**{f"tp-grpo {c}": v for c in ("ode", "ode:3", "ode:2", "x0") for v in
                                    _at_choice(("tp-grpo",), completion=c)(results).values()},
-                                "flow-grpo": chosen(results, "flow-grpo")}),
+                                "flow-grpo": chosen(results, "flow-grpo")}, contrasts=JUDGES),
 ]}
 
 
