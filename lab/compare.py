@@ -348,8 +348,13 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
         if name == "grid":
             parts += [report.grid_table(runs, GRID_METHODS, len(GRID_SEEDS)), ""]
         parts += [report.table(runs), ""]
+        if exp.contrasts:
+            fresh = tuple(s for s in exp.seeds if s not in REPORT_SEEDS)  # the seeds the first round had not seen
+            parts += ["Pre-registered contrasts (lab/README.md, 'The confirmatory round'):", "",
+                      report.contrast_table(runs, exp.contrasts, fresh), ""]
         if name == "headline":
-            parts += [report.evals_table(runs), "", report.reach_table(runs), ""]
+            parts += [report.evals_table(runs), "", report.evals_contrast_table(runs, exp.contrasts), "",
+                      report.reach_table(runs, "eval"), "", report.reach_table(runs, "train"), ""]
         if exp.axis:
             parts += [report.axis_table(runs, exp.axis), ""]
         machines = {f"{r['machine']['cpu']}, {r['machine']['cores']} cores" for _, seeds in runs.values()

@@ -1,10 +1,16 @@
 """The laboratory's numbers and pictures (lab/compare.py's reports): over finished runs of one experiment, the score
-change with its standard error over seeds and its paired standard error over the evaluation images, the grid's
-matrix, the headline's evaluations along the way and what each method spends to reach Flow-GRPO's best score (with
-a bootstrap over seeds), the ablations' change against a or W, and curves against iterations, transformer
-evaluations and seconds. Pure functions of finished runs' results (compare.load_result:
-{"rows": metrics rows, "evals": {tag: summary with per-image scores}}); `runs` is {label: (variant, [result per
-seed])}, a variant anything with compare.Variant's fields.
+change with its standard error over seeds and its paired standard error over the evaluation images, the
+differences between methods (seed-paired, with a t interval), the grid's matrix, the headline's evaluations along
+the way and what each method spends to reach Flow-GRPO's best score (with a bootstrap that draws the same seeds for
+every method), the ablations' change against a or W, and curves against iterations, transformer evaluations and
+seconds. Pure functions of finished runs' results (compare.load_result: {"argv": train.py's flags, "rows": metrics
+rows, "evals": {tag: summary with per-image scores}}); `runs` is {label: (variant, [result per seed])}, a variant
+anything with compare.Variant's fields.
+
+Seeds are blocks: for one seed every method starts from the same LoRA initialisation and sees the same prompts,
+noise and shuffling (train.py seeds them from (seed, iteration, prompt, member)), so a difference between two
+methods is the mean of the per-seed differences, with the paired standard error sd(d) / sqrt(n) and a t interval
+with n - 1 degrees of freedom (`paired_difference`).
 
 Run: through `python -m lab.compare report ...`; tested by `python -m pytest tests/test_compare.py`.
 
@@ -26,6 +32,59 @@ def _se(x: torch.Tensor) -> torch.Tensor:
     return x.std(0) / math.sqrt(x.shape[0]) if x.shape[0] > 1 else torch.zeros_like(x[0])
 
 
+def seed_of(result: dict) -> int:
+    """The training seed of a finished run (its --seed flag): what pairs two methods' runs."""
+    return int(result["argv"][result["argv"].index("--seed") + 1])
+
+
+def t_cdf(x: float, df: int) -> float:
+    """P(T <= x) for Student's t with an integer number of degrees of freedom, exactly: Abramowitz & Stegun
+    26.7.3-4, P(|T| < x) as a finite series in theta = atan(x / sqrt(df))."""
+    theta = math.atan(abs(x) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    term, series = 1.0, 1.0
+    if df % 2:  # odd df: (2 / pi) (theta + sin cos (1 + 2/3 cos^2 + (2 4)/(3 5) cos^4 + ... up to cos^(df - 3)))
+        for k in range(1, (df - 1) // 2):
+            term *= 2 * k / (2 * k + 1) * c2
+            series += term
+        inside = 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * series if df > 1 else 0.0))
+    else:  # even df: sin (1 + 1/2 cos^2 + (1 3)/(2 4) cos^4 + ... up to cos^(df - 2))
+        for k in range(1, df // 2):
+            term *= (2 * k - 1) / (2 * k) * c2
+            series += term
+        inside = math.sin(theta) * series
+    return 0.5 + math.copysign(inside / 2, x)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t (df degrees of freedom), by bisection on t_cdf (to 1e-10)."""
+    lo, hi = -1e6, 1e6
+    while hi - lo > 1e-10 * max(1.0, abs(hi)):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def paired_difference(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dict:
+    """A - B over the seeds both have ({seed: value} each): d_s = a_s - b_s, its mean, the paired standard error
+    sd(d) / sqrt(n), and the two-sided t interval mean +- t((1 + level) / 2, n - 1) SE. `resolved`: the interval
+    excludes 0. With one common seed there is no spread to measure: SE and interval are NaN, never resolved."""
+    d = torch.tensor([a[s] - b[s] for s in sorted(a.keys() & b.keys())], dtype=torch.float64)  # (n,)
+    n = d.numel()
+    mean = d.mean().item() if n else math.nan
+    se = (d.std() / math.sqrt(n)).item() if n > 1 else math.nan
+    half = t_quantile((1 + level) / 2, n - 1) * se if n > 1 else math.nan
+    return {"n": n, "df": n - 1, "mean": mean, "se": se, "lo": mean - half, "hi": mean + half,
+            "resolved": n > 1 and (mean - half > 0 or mean + half < 0)}
+
+
+def format_difference(c: dict) -> str:
+    """'+0.029 +- 0.041 (95%: -0.076 to +0.134, 5 df)': the mean, its paired SE and its t interval."""
+    if c["n"] < 2:
+        return "-" if c["n"] == 0 else f"{c['mean']:+.3f} (1 seed: no interval)"
+    return f"{c['mean']:+.3f} +- {c['se']:.3f} (95%: {c['lo']:+.3f} to {c['hi']:+.3f}, {c['df']} df)"
+
+
 def _smooth(x: torch.Tensor, k: int = 5) -> torch.Tensor:
     """Trailing moving average over iterations (the training reward is noisy): (S, I) -> (S, I)."""
     c = torch.cumsum(torch.nn.functional.pad(x, (1, 0)), 1)  # (S, I+1)
@@ -40,34 +99,70 @@ def _curve(seeds: list[dict], key: str) -> torch.Tensor:
 
 
 def _costs(seeds: list[dict]) -> dict[str, torch.Tensor]:
-    """Cumulative cost after iterations 0..I (0 = before training), mean over seeds: {"iteration", "evaluations",
-    "seconds"} each (I+1,). Seconds are sampling + rewards + training (evaluations left out)."""
+    """Cumulative cost after iterations 0..I (0 = before training): {"iteration": (I+1,), "evaluations": (I+1,)
+    (the same for every seed), "seconds": (S, I+1) per seed}. Seconds are sampling + rewards + training
+    (evaluations left out)."""
     seconds = sum(_curve(seeds, f"time/{k}_s") for k in ("sample", "reward", "train"))  # (S, I)
-    pad = lambda x: torch.cat([torch.zeros(1), x])  # noqa: E731
-    return {"iteration": pad(_curve(seeds, "iteration")[0]),
-            "evaluations": pad(torch.cumsum(_curve(seeds, "cost/transformer_evals")[0], 0)),
-            "seconds": pad(torch.cumsum(seconds, 1).mean(0))}
+    return {"iteration": torch.cat([torch.zeros(1), _curve(seeds, "iteration")[0]]),  # (I+1,)
+            "evaluations": torch.cat([torch.zeros(1), torch.cumsum(_curve(seeds, "cost/transformer_evals")[0], 0)]),
+            "seconds": torch.nn.functional.pad(torch.cumsum(seconds, 1), (1, 0))}  # (S, I+1)
 
 
-def _evals(seeds: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+def _evals(seeds: list[dict], metric: str = "reward") -> tuple[torch.Tensor, torch.Tensor]:
     """Every evaluation point of the runs (before, on the way, after): iterations (E,) and scores (S, E)."""
     def at(tag, r):
         return 0 if tag == "before" else r["evals"][tag]["iteration"]
     tags = sorted(seeds[0]["evals"], key=lambda t: at(t, seeds[0]))
     its = torch.tensor([at(t, seeds[0]) for t in tags])  # (E,)
-    return its, torch.tensor([[r["evals"][t]["eval/reward"] for t in tags] for r in seeds])  # (S, E)
+    return its, torch.tensor([[r["evals"][t][f"eval/{metric}"] for t in tags] for r in seeds])  # (S, E)
 
 
-def change_stats(seeds: list[dict]) -> dict[str, float]:
-    """The score change after - before: its mean and SE over seeds, and its paired SE over images (the seed-averaged
-    change of every image: what another draw of evaluation images could move it)."""
-    before = torch.tensor([r["evals"]["before"]["per_image"]["reward"] for r in seeds])  # (S, M)
-    after = torch.tensor([r["evals"]["after"]["per_image"]["reward"] for r in seeds])  # (S, M)
+def change_stats(seeds: list[dict], metric: str = "reward", tag: str = "after") -> dict:
+    """The score change `tag` - before: its mean and SE over seeds, its paired SE over images (the seed-averaged
+    change of every image: what another draw of evaluation images could move it), and the change of each seed
+    ({seed: change}, what a difference between methods pairs)."""
+    before = torch.tensor([r["evals"]["before"]["per_image"][metric] for r in seeds])  # (S, M)
+    after = torch.tensor([r["evals"][tag]["per_image"][metric] for r in seeds])  # (S, M)
     change = (after - before).mean(1)  # (S,)
     d = (after - before).mean(0)  # (M,)
     return {"before": before.mean().item(), "after": after.mean().item(), "after_se": _se(after.mean(1)[:, None])[0],
             "change": change.mean().item(), "change_se": float(_se(change[:, None])[0]),
-            "image_se": (d.std() / math.sqrt(d.numel())).item()}
+            "image_se": (d.std() / math.sqrt(d.numel())).item(),
+            "per_seed": {seed_of(r): c for r, c in zip(seeds, change.tolist())}}
+
+
+def contrast_table(runs: dict, contrasts: tuple, fresh: tuple = (), metric: str = "reward") -> str:
+    """The pre-registered contrasts (compare.Experiment.contrasts: (label A, label B) pairs): A - B of the change
+    after training, seed-paired, with its t interval and whether it is resolved (the interval excludes 0); then
+    the same on the `fresh` seeds alone (descriptive: the seeds the first round had not seen)."""
+    head = "| A - B (change after training) | seeds | mean +- paired SE (95% t interval, df) | resolved |"
+    lines = [head + (f" seeds {fresh[0]}-{fresh[-1]} alone |" if fresh else ""),
+             "|" + "---|" * (4 + bool(fresh))]
+    for a, b in contrasts:
+        if a not in runs or b not in runs:
+            continue
+        sa, sb = (change_stats(runs[x][1], metric)["per_seed"] for x in (a, b))
+        c = paired_difference(sa, sb)
+        row = f"| {a} - {b} | {c['n']} | {format_difference(c)} | {'yes' if c['resolved'] else 'no'} |"
+        if fresh:
+            row += f" {format_difference(paired_difference(*({k: x[k] for k in fresh if k in x} for x in (sa, sb))))} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def evals_contrast_table(runs: dict, contrasts: tuple, metric: str = "reward") -> str:
+    """The contrasts at every evaluation point (score there - before, seed-paired): when a gap opens or closes."""
+    first = next(iter(runs.values()))[1]
+    tags = sorted(first[0]["evals"], key=lambda t: 0 if t == "before" else first[0]["evals"][t]["iteration"])[1:]
+    its = [first[0]["evals"][t]["iteration"] for t in tags]
+    lines = ["| A - B, seed-paired (95% t interval, df) | " + " | ".join(f"iteration {i}" for i in its) + " |",
+             "|---|" + "---|" * len(its)]
+    for a, b in contrasts:
+        if a in runs and b in runs:
+            cells = [format_difference(paired_difference(*(change_stats(runs[x][1], metric, tag)["per_seed"]
+                                                          for x in (a, b)))) for tag in tags]
+            lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(runs: dict) -> str:
@@ -131,48 +226,64 @@ def evals_table(runs: dict) -> str:
     return "\n".join(lines)
 
 
-def reach_table(runs: dict, samples: int = 1000) -> str:
-    """What each method spends to reach Flow-GRPO's best score: the first evaluation point (held-out, mean over
-    seeds) and the first iteration (5-iteration mean of the training reward, mean over seeds) at or above
-    Flow-GRPO's best, in iterations, transformer evaluations and seconds. The uncertainty comes from resampling
-    the seeds of both methods with replacement (`samples` times, a fixed generator): the 10th-90th percentile of
-    the iterations to reach, and how often it is not reached at all."""
-    flow = next((seeds for v, seeds in runs.values() if v.method == "flow-grpo"), None)
+def _nearest_rank(values: torch.Tensor, q: float) -> float:
+    """The q-quantile by nearest rank: the ceil(q m)-th smallest of m values (an observed value, no interpolation)."""
+    return values.sort().values[max(math.ceil(q * values.numel()), 1) - 1].item()
+
+
+def reach_table(runs: dict, kind: str = "eval", samples: int = 1000) -> str:
+    """What each method spends to reach Flow-GRPO's best score, on three axes: iterations, transformer evaluations
+    and seconds (sampling + rewards + training). `kind` "eval": the held-out score at the evaluation points (mean
+    over seeds); "train": the 5-iteration mean of the training reward at every iteration. The point estimate uses
+    every seed. The uncertainty is a bootstrap over seeds in which one draw of seeds (with replacement, `samples`
+    times, a fixed generator) serves every method and Flow-GRPO's target alike, as seeds are shared: each cell
+    gives the 10th-90th percentile (nearest rank) over the draws that reach the target, and the share of draws
+    that never do. Only the seeds every method has finished take part."""
+    flow = next((label for label, (v, _) in runs.items() if v.method == "flow-grpo"), None)
     if flow is None:
         return ""
+    common = sorted(set.intersection(*({seed_of(r) for r in seeds} for _, seeds in runs.values())))
+    aligned = {label: (v, sorted((r for r in seeds if seed_of(r) in common), key=seed_of))
+               for label, (v, seeds) in runs.items()}
+
+    def curve(seeds):  # (S, X) scores and the iteration (X,) of each point
+        if kind == "eval":
+            its, scores = _evals(seeds)
+            return scores, its
+        smooth = _smooth(_curve(seeds, "reward/mean"))  # (S, I)
+        return smooth, torch.arange(1, smooth.shape[1] + 1)
+
+    def first_reach(scores: torch.Tensor, draws: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        hit = scores[draws].mean(1) >= target[:, None]  # (K, X): the drawn seeds' mean curve at or above target
+        return torch.where(hit.any(1), hit.float().argmax(1), torch.tensor(-1))  # (K,) first point, or -1
+
+    n = len(common)
     g = torch.Generator().manual_seed(0)
-
-    def first_reach(curve: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # (K, X), (K,) -> (K,) or -1
-        hit = curve >= target[:, None]  # (K, X)
-        return torch.where(hit.any(1), hit.float().argmax(1), torch.tensor(-1))
-
-    lines = ["| method | held-out: Flow-GRPO's best | reached at iteration (10-90%, not reached) | evaluations | "
-             "seconds | training reward: Flow-GRPO's best | reached at iteration (10-90%, not reached) | "
-             "evaluations | seconds |", "|" + "---|" * 9]
-    for label, (v, seeds) in runs.items():
-        cells = [label]
+    draws = {"all": torch.arange(n)[None], "boot": torch.randint(n, (samples, n), generator=g)}  # (K, n) each
+    target = {k: curve(aligned[flow][1])[0][d].mean(1).max(1).values for k, d in draws.items()}  # (K,) each
+    name = "held-out score" if kind == "eval" else "training reward (5-iteration mean)"
+    lines = [f"{name}: Flow-GRPO's best {float(target['all'][0]):.3f} (seeds {', '.join(map(str, common))})", "",
+             "| method | reaches it at iteration (10-90%; never) | transformer evaluations (10-90%) | seconds (10-90%) |",
+             "|---|---|---|---|"]
+    for label, (v, seeds) in aligned.items():
+        scores, its = curve(seeds)
         cost = _costs(seeds)
-        for kind in ("eval", "train"):
-            if kind == "eval":
-                its, mine, theirs = _evals(seeds)[0], _evals(seeds)[1], _evals(flow)[1]  # (E,), (S, E), (S', E')
-            else:
-                mine, theirs = _smooth(_curve(seeds, "reward/mean")), _smooth(_curve(flow, "reward/mean"))  # (S, I)
-                its = torch.arange(1, mine.shape[1] + 1)
-            target = theirs.mean(0).max()
-            at = int(first_reach(mine.mean(0)[None], target[None])[0])
-            pick = lambda n: torch.randint(n, (samples, n), generator=g)  # noqa: E731
-            boot_target = theirs[pick(theirs.shape[0])].mean(1).max(1).values  # (samples,)
-            boot = first_reach(mine[pick(mine.shape[0])].mean(1), boot_target)  # (samples,)
-            reached = boot[boot >= 0].float()
-            spread = (f"{int(its[int(reached.quantile(0.1))])}-{int(its[int(reached.quantile(0.9))])}"
-                      if reached.numel() else "-")
-            miss = f"{100 * (boot < 0).float().mean():.0f}%"
-            if at < 0:
-                cells += [f"{target:.3f}", f"not reached ({spread}, {miss})", "-", "-"]
-            else:
-                it = int(its[at])
-                cells += [f"{target:.3f}", f"{it} ({spread}, {miss})", f"{int(cost['evaluations'][it]):,}",
-                          f"{float(cost['seconds'][it]):.0f}"]
+        axes = {}
+        for k, d in draws.items():
+            at = first_reach(scores, d, target[k])  # (K,)
+            ok = at >= 0
+            it = its[at[ok]]  # (K',) iterations
+            axes[k] = {"never": 1 - ok.float().mean().item(), "iteration": it.float(),
+                       "evaluations": cost["evaluations"][it],
+                       "seconds": cost["seconds"][d[ok], it[:, None]].mean(1)}  # (K',) drawn seeds' mean
+        cells = [label]
+        for axis, fmt in (("iteration", "{:.0f}"), ("evaluations", "{:,.0f}"), ("seconds", "{:.0f}")):
+            point, boot = axes["all"][axis], axes["boot"][axis]
+            spread = (f"{fmt.format(_nearest_rank(boot, 0.1))}-{fmt.format(_nearest_rank(boot, 0.9))}"
+                      if boot.numel() else "-")
+            cell = fmt.format(point[0].item()) if point.numel() else "not reached"
+            cells.append(f"{cell} ({spread}" + (f"; never {100 * axes['boot']['never']:.0f}%)" if axis == "iteration"
+                                                else ")"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -189,7 +300,8 @@ def figure(runs: dict, path: str, title: str) -> None:
         for label, (v, seeds) in runs.items():
             color, style = COLORS[v.method], styles[seen.get(v.method, 0) % len(styles)]
             seen[v.method] = seen.get(v.method, 0) + 1
-            x = _costs(seeds)[xkey]  # (I+1,)
+            x = _costs(seeds)[xkey]
+            x = x.mean(0) if x.ndim == 2 else x  # (I+1,): seconds averaged over seeds
             y = _smooth(_curve(seeds, "reward/mean"))  # (S, I)
             m, se = y.mean(0), _se(y)
             ax.plot(x[1:], m, style, color=color, lw=1, alpha=0.8, label=f"{label} ({len(seeds)} seeds)")
@@ -212,23 +324,25 @@ AXES = {"noise_level": ("a", "noise level a"), "window": ("W", "SDE window W")} 
 
 def axis_table(runs: dict, axis: str) -> str:
     """An ablation: each method's change +- SE over seeds (rows) at each value of one axis (columns: the noise
-    level a or the window W); then each other method's difference from TP-GRPO (strict) at each value, +- the SE
-    of a difference of independent means (two methods' runs share seeds, not trajectories)."""
+    level a or the window W); then TP-GRPO (strict) minus each other method at each value, seed-paired, with its
+    t interval (`paired_difference`)."""
     at = {(v.method, getattr(v, axis)): {**change_stats(seeds), "seeds": len(seeds)} for v, seeds in runs.values()}
     methods, values = list(dict.fromkeys(m for m, _ in at)), sorted({x for _, x in at})
     full = max(c["seeds"] for c in at.values())
-    fmt = lambda mean, se, n: f"{mean:+.3f} +- {se:.3f}" + (f" ({n} of {full} seeds)" if n < full else "")  # noqa: E731
+    of = lambda n: f" ({n} of {full} seeds)" if n < full else ""  # noqa: E731
     lines = ["| change +- SE over seeds | " + " | ".join(f"{AXES[axis][0]} = {x:g}" for x in values) + " |",
              "|---|" + "---|" * len(values)]
     for m in methods:
-        lines.append(f"| {m} | " + " | ".join(fmt(at[m, x]["change"], at[m, x]["change_se"], at[m, x]["seeds"])
-                                              if (m, x) in at else "-" for x in values) + " |")
+        lines.append(f"| {m} | " + " | ".join(f"{at[m, x]['change']:+.3f} +- {at[m, x]['change_se']:.3f}"
+                                              + of(at[m, x]["seeds"]) if (m, x) in at else "-" for x in values) + " |")
     for m in [m for m in methods if m != "tp-grpo" and "tp-grpo" in methods]:
-        # difference of two methods' mean changes; its SE = sqrt(SE_1^2 + SE_2^2)
-        cells = [fmt(at["tp-grpo", x]["change"] - at[m, x]["change"],
-                     math.hypot(at["tp-grpo", x]["change_se"], at[m, x]["change_se"]),
-                     min(at["tp-grpo", x]["seeds"], at[m, x]["seeds"]))
-                 if ("tp-grpo", x) in at and (m, x) in at else "-" for x in values]
+        cells = []
+        for x in values:
+            if ("tp-grpo", x) in at and (m, x) in at:
+                c = paired_difference(at["tp-grpo", x]["per_seed"], at[m, x]["per_seed"])
+                cells.append(format_difference(c) + of(c["n"]))
+            else:
+                cells.append("-")
         lines.append(f"| tp-grpo minus {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

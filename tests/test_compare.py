@@ -96,7 +96,8 @@ def write_result(results, split, variant, seed, before, after, rewards=(0.5, 0.5
     path = C.result_path(results, split, variant, seed)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with gzip.open(path, "wt") as f:
-        json.dump({"argv": [], "machine": {"cpu": "test", "cores": 2}, "rows": rows, "evals": evals}, f)
+        json.dump({"argv": ["--seed", str(seed)], "machine": {"cpu": "test", "cores": 2}, "rows": rows,
+                   "evals": evals}, f)
 
 
 def fill_grid(results, score):
@@ -192,13 +193,17 @@ def test_reach_counts_iterations_evaluations_and_seconds_to_flow_grpos_best(tmp_
             json.dump(r, f)
     runs = {"flow-grpo": (flow, [C.load_result(results, "heldout", flow, s) for s in (0, 1)]),
             "tp-grpo": (tp, [C.load_result(results, "heldout", tp, s) for s in (0, 1)])}
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in report.reach_table(runs).splitlines()[2:]}
+    held_out, training = report.reach_table(runs, "eval"), report.reach_table(runs, "train")
+    rows = {line.split(" | ")[0].strip("| "): [c.strip("| ") for c in line.split(" | ")[1:]]
+            for line in held_out.splitlines()[4:]}
     # held-out: TP-GRPO is at 0.5 >= 0.4 at iteration 2 (2 x 320 evaluations, 2 x 4 s); Flow-GRPO at its own best
-    assert rows["tp-grpo"][1:5] == ["0.400", "2 (2-2, 0%)", "640", "8"]
-    assert rows["flow-grpo"][2] == "2 (2-2, 0%)"
+    assert held_out.startswith("held-out score: Flow-GRPO's best 0.400 (seeds 0, 1)")
+    assert rows["tp-grpo"] == ["2 (2-2; never 0%)", "640 (640-640)", "8 (8-8)"]
+    assert rows["flow-grpo"][0] == "2 (2-2; never 0%)"
     # training reward: Flow-GRPO's best 5-iteration mean is (0.5 + 0.6 + 0.6) / 3 = 0.567 at iteration 3;
     # TP-GRPO's trailing mean reaches it at iteration 2 ((0.5 + 0.7) / 2 = 0.6)
-    assert rows["tp-grpo"][5] == "0.567" and rows["tp-grpo"][6] == "2 (2-2, 0%)"
+    assert training.startswith("training reward (5-iteration mean): Flow-GRPO's best 0.567")
+    assert training.splitlines()[5].startswith("| tp-grpo | 2 (2-2; never 0%) |")
     # the evaluations along the way, mean +- SE over the two (identical) seeds
     evals = report.evals_table(runs).splitlines()
     assert evals[0] == "| score +- SE over seeds | before | iteration 2 | iteration 4 |"
@@ -224,7 +229,9 @@ def test_an_ablation_reports_each_method_against_its_axis_and_tp_grpos_lead(tmp_
     # TP-GRPO at a = 0.4: mean +0.3, SE = std([0.2, 0.4]) / sqrt(2) = 0.1; no spread elsewhere
     assert rows["tp-grpo"] == ["+0.300 +- 0.100", "+0.100 +- 0.000"]
     assert rows["flow-grpo"] == ["+0.100 +- 0.000", "+0.100 +- 0.000"]
-    assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100", "+0.000 +- 0.000"]
+    # seed-paired: differences (0.1, 0.3) -> +0.2 +- 0.1, t(0.975, 1) = 12.706; (0, 0) -> +0 +- 0
+    assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100 (95%: -1.071 to +1.471, 1 df)",
+                                               "+0.000 +- 0.000 (95%: +0.000 to +0.000, 1 df)"]
     assert (tmp_path / "docs" / "t.png").exists()
     # an unfinished point says how many seeds it stands on (one seed has no spread to show)
     os.remove(C.result_path(results, "heldout", C.Variant("flow-grpo", noise_level=1.0), 1))
@@ -232,4 +239,5 @@ def test_an_ablation_reports_each_method_against_its_axis_and_tp_grpos_lead(tmp_
     rows = {line.split(" | ")[0].strip("| "): [c.strip("| ") for c in line.split(" | ")[1:]]
             for line in text.splitlines() if line.startswith("| ")}
     assert rows["flow-grpo"] == ["+0.100 +- 0.000", "+0.100 +- 0.000 (1 of 2 seeds)"]
-    assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100", "+0.000 +- 0.000 (1 of 2 seeds)"]
+    assert rows["tp-grpo minus flow-grpo"] == ["+0.200 +- 0.100 (95%: -1.071 to +1.471, 1 df)",
+                                               "+0.000 (1 seed: no interval) (1 of 2 seeds)"]

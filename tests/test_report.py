@@ -1,0 +1,107 @@
+"""lab/report.py's statistics of differences between methods against independent oracles: Student's t against its
+closed forms and the numerically integrated density of torch.distributions.StudentT; the seed-paired difference
+against hand computation on a synthetic paired design, and beside it what treating the runs as unpaired would
+say; the contrast table and the reach table's joint bootstrap on synthetic runs."""
+
+import gzip
+import json
+import math
+
+import pytest
+import torch
+
+from lab import compare as C
+from lab import report
+from test_compare import write_result
+
+
+@pytest.mark.parametrize("p", [0.6, 0.9, 0.975, 0.995])
+def test_t_quantile_matches_the_closed_forms_of_one_and_two_degrees_of_freedom(p):
+    assert report.t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-8)
+    assert report.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-8)
+
+
+@pytest.mark.parametrize("df", [3, 4, 5, 9])
+def test_t_cdf_matches_the_integrated_density(df):
+    x = torch.linspace(0, 6, 60_001, dtype=torch.float64)  # (X,)
+    density = torch.distributions.StudentT(df).log_prob(x).exp()  # (X,)
+    cdf = 0.5 + torch.cat([torch.zeros(1, dtype=torch.float64),
+                           torch.cumsum((density[1:] + density[:-1]) / 2 * (x[1] - x[0]), 0)])  # trapezoids
+    for value in (0.3, 1.0, 2.5, 5.0):
+        i = int(round(value * 10_000))
+        assert report.t_cdf(value, df) == pytest.approx(cdf[i].item(), abs=1e-7)
+        assert report.t_cdf(-value, df) == pytest.approx(1 - cdf[i].item(), abs=1e-7)  # symmetry
+
+
+def test_t_quantiles_of_the_laboratory_and_the_normal_limit():
+    assert [round(report.t_quantile(0.975, df), 3) for df in (1, 2, 5)] == [12.706, 4.303, 2.571]  # printed tables
+    # many degrees of freedom: the normal quantile z plus Cornish-Fisher's first correction (z^3 + z) / (4 df)
+    z = torch.distributions.Normal(0, 1).icdf(torch.tensor(0.975, dtype=torch.float64)).item()
+    assert report.t_quantile(0.975, 2000) == pytest.approx(z + (z ** 3 + z) / 8000, abs=1e-5)
+
+
+def test_a_paired_difference_against_hand_computation_and_what_unpaired_would_say():
+    # seeds are blocks: a strong seed effect (0.1 .. 0.4) shared by both methods, A ahead by about 0.05 everywhere
+    b = {10: 0.10, 11: 0.40, 12: 0.25, 13: 0.30}
+    a = {10: 0.16, 11: 0.44, 12: 0.31, 13: 0.34}
+    d = [0.06, 0.04, 0.06, 0.04]  # by hand
+    mean = sum(d) / 4
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 3)
+    t = 3.182446305284263  # t(0.975, 3)
+    c = report.paired_difference(a, b)
+    assert c["n"] == 4 and c["df"] == 3
+    assert c["mean"] == pytest.approx(mean) and c["se"] == pytest.approx(sd / 2)
+    assert (c["lo"], c["hi"]) == (pytest.approx(mean - t * sd / 2), pytest.approx(mean + t * sd / 2))
+    assert c["resolved"]  # 0.05 +- 0.0092: the interval excludes 0
+    # the same numbers as if the runs were independent: SE = sqrt(SE_a^2 + SE_b^2), dominated by the seed effect
+    se = lambda v: math.sqrt(sum((x - sum(v) / 4) ** 2 for x in v) / 3) / 2  # noqa: E731
+    unpaired = math.hypot(se(list(a.values())), se(list(b.values())))
+    assert unpaired > 8 * c["se"] and mean - t * unpaired < 0  # unpaired, the same gap would look unresolved
+
+
+def test_a_paired_difference_pairs_by_seed_and_uses_only_common_seeds():
+    a = {1: 0.5, 2: 0.7, 3: 0.9}
+    b = {3: 0.8, 1: 0.3}  # another order, seed 2 missing
+    c = report.paired_difference(a, b)
+    assert c["n"] == 2 and c["mean"] == pytest.approx((0.2 + 0.1) / 2)
+    assert not report.paired_difference({1: 0.5}, {1: 0.1})["resolved"]  # one seed: no spread, never resolved
+    assert report.format_difference(report.paired_difference({1: 0.5}, {2: 0.1})) == "-"
+
+
+def test_the_contrast_table_is_seed_paired_and_reports_fresh_seeds_alone(tmp_path, monkeypatch):
+    results = str(tmp_path / "results")
+    flow, tp = C.Variant("flow-grpo"), C.Variant("tp-grpo")
+    # per-seed changes: Flow-GRPO (0.1, 0.3, 0.2, 0.4), TP-GRPO the same + 0.05 + (0, 0.01, -0.01, 0)
+    for s, (cf, ct) in enumerate([(0.1, 0.15), (0.3, 0.36), (0.2, 0.24), (0.4, 0.45)]):
+        write_result(results, "heldout", flow, s, [0.2, 0.2], [0.2 + cf, 0.2 + cf])
+        write_result(results, "heldout", tp, s, [0.2, 0.2], [0.2 + ct, 0.2 + ct])
+    monkeypatch.setitem(C.EXPERIMENTS, "t", C.Experiment("t", "test", "heldout", (0, 1, 2, 3),
+                                                         lambda r: {"tp-grpo": tp, "flow-grpo": flow},
+                                                         contrasts=(("tp-grpo", "flow-grpo"),)))
+    monkeypatch.setattr(C, "REPORT_SEEDS", (0, 1))  # seeds 2 and 3 play the fresh ones
+    text = C.write_reports(["t"], results, str(tmp_path / "reports"))
+    row = [line for line in text.splitlines() if line.startswith("| tp-grpo - flow-grpo |")][0]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    c = report.paired_difference({0: 0.05, 1: 0.06, 2: 0.04, 3: 0.05}, {s: 0.0 for s in range(4)})
+    assert cells[1] == "4" and cells[2] == report.format_difference(c) and cells[3] == "yes"
+    assert cells[4] == report.format_difference(report.paired_difference({2: 0.04, 3: 0.05}, {2: 0.0, 3: 0.0}))
+
+
+def test_the_reach_bootstrap_draws_the_same_seeds_for_every_method(tmp_path):
+    results = str(tmp_path)
+    flow, tp = C.Variant("flow-grpo", iterations=4), C.Variant("tp-grpo", iterations=4)
+    # Flow-GRPO's best is at iteration 4 and differs a lot between seeds (0.4 / 0.8); TP-GRPO is exactly Flow-GRPO
+    # shifted one evaluation earlier on every seed. Drawn jointly, TP-GRPO reaches the target in every draw at
+    # iteration 2 and Flow-GRPO reaches its own best in every draw; drawn apart, either could miss.
+    for s, top in enumerate((0.4, 0.8)):
+        write_result(results, "heldout", flow, s, [0.1], [top], evals_at=(2,), rewards=(0.5,) * 4)
+        write_result(results, "heldout", tp, s, [0.1], [top], evals_at=(2,), rewards=(0.5,) * 4)
+        r = C.load_result(results, "heldout", flow, s)
+        r["evals"]["iter000002"]["eval/reward"] = top / 2
+        with gzip.open(C.result_path(results, "heldout", flow, s), "wt") as f:
+            json.dump(r, f)
+    runs = {"flow-grpo": (flow, [C.load_result(results, "heldout", flow, s) for s in (0, 1)]),
+            "tp-grpo": (tp, [C.load_result(results, "heldout", tp, s) for s in (1, 0)])}  # another order: paired by seed
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in
+            report.reach_table(runs, "eval", samples=200).splitlines()[4:]}
+    assert rows == {"flow-grpo": "4 (4-4; never 0%)", "tp-grpo": "2 (2-2; never 0%)"}
