@@ -104,7 +104,7 @@ class Config:
     max_sequence_length: int = _f(128, "T5 tokens per prompt")
     chunk_size: int = _f(0, "max images per transformer call in completions (0 = no cap)")
     compile: bool = _f(False, "torch.compile the transformer for sampling, completions and evaluation, in calls of "
-                              "compile_rows images (a GPU run of hundreds of iterations; see the README)")
+                              "compile_rows images (a GPU run of hundreds of iterations; docs/gpu.md)")
     compile_rows: int = _f(0, "images per compiled call (0 = one rollout call: sample_batch, x2 with CFG)")
     compile_backend: str = _f("inductor", "torch.compile backend (inductor; eager / aot_eager only trace)")
     reward_batch: int = _f(32, "images per decode/reward call")
@@ -142,7 +142,7 @@ PRESETS = {
                     eval_prompts="dataset/geneval/test_metadata.jsonl", output_dir="runs/geneval"),
     # The toy world (toyworld.py): 32 px shapes, a graded colour + count reward, a ~0.6M-parameter pixel-space SD3
     # pretrained partly on captions that misname the colour (it draws the asked one about half the time). Sized for
-    # 2 CPU cores: about 3.5 minutes.
+    # 2 CPU cores: about 3.5 minutes on an idle machine.
     # T = 6 with a 5-step window from step 0 is the paper's FLUX.1-dev schedule; the held-out evaluation is the
     # one the checkpoint ships values for (toyworld.HELDOUT_SETTINGS: 1024 images, fixed noise). lr and the ratio
     # clip are TP-GRPO's choice on the validation split (`python -m lab.compare report grid`, lab/reports/grid.md)

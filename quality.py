@@ -10,7 +10,7 @@ paper asks of every trained model: did the task reward rise at the cost of image
 |               | TurningPoint-GRPO demo code's prompt, one generate()    | 1-5; NaN when the answer has none        |
 
 DeQA-Score (the table's fourth column) is not reproduced: its model, mPLUG-Owl2, has no transformers class, so it
-runs only on its authors' modeling code (README, 'General quality on DrawBench').
+runs only on its authors' modeling code (docs/quality.md).
 
 Importing this module registers both metrics in rewards.REWARD_LOADERS and their models in rewards.DEFAULT_MODELS,
 so that rewards.load_rewards loads them by name (evaluate.py imports it):

@@ -117,15 +117,24 @@ def test_every_collective_goes_through_collectives_py():
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
 
 
+def anchors(page: str) -> set[str]:
+    """The anchors GitHub gives a Markdown page's headings: lower case, punctuation but '-' and '_' dropped, spaces
+    to hyphens ('## The GPU check (`tools/gpu_check.py`)' -> 'the-gpu-check-toolsgpu_checkpy')."""
+    heads = [line.lstrip("#").strip() for line in open(page, encoding="utf-8") if re.match(r"#{1,6} ", line)]
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
 def test_every_relative_link_in_the_docs_exists():
     """Every relative link of README.md, docs/ and the laboratory's pages opens a file of the repository (resolved
-    from the page's own folder; an anchor after # is not checked, a web address is skipped)."""
+    from the page's own folder) and, with '#anchor', a heading of that page; a web address is skipped."""
     missing = []
     for page in DOCS:
         for i, line in enumerate(open(page, encoding="utf-8"), 1):
             for target in MD_LINK.findall(re.sub(r"`[^`]*`", "", line)):  # code spans hold no links
-                path = target.split("#", 1)[0]
-                if path and not re.match(r"[a-z]+:", path) and \
-                        not os.path.exists(os.path.join(os.path.dirname(page), path)):
+                path, _, anchor = target.partition("#")
+                if re.match(r"[a-z]+:", path):
+                    continue
+                file = os.path.join(os.path.dirname(page), path) if path else page
+                if not os.path.exists(file) or anchor and file.endswith(".md") and anchor not in anchors(file):
                     missing.append(f"{os.path.relpath(page, ROOT)}:{i} {target}")
-    assert not missing, f"links to files that do not exist: {missing}"
+    assert not missing, f"links to files or headings that do not exist: {missing}"

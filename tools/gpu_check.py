@@ -1,11 +1,11 @@
-"""The GPU check: one prepared command that measures every GPU figure the README shows, on one GPU of 80 GB or more,
-in about 8 minutes, and writes them as one JSON and the README's Markdown tables.
+"""The GPU check: one prepared command that measures every GPU figure docs/gpu.md shows, on one GPU of 80 GB or more,
+in about 8 minutes, and writes them as one JSON and docs/gpu.md's Markdown tables.
 
-Items (each a function below, run in this order; the README's sections 'Real runs (SD3.5-Medium)', 'Compiling the
+Items (each a function below, run in this order; docs/gpu.md's sections 'Real runs (SD3.5-Medium)', 'Compiling the
 transformer', 'Real runs (FLUX.1-dev)' and 'DeepSpeed' show their tables):
   1. sd35m_compile  SD3.5-M's shapes, random weights, bf16 (bench.py): the Flow-GRPO rollout (a) and the TP-GRPO
                     wavefront (c) eager and compiled (a*, c*) after the compile warm-up, the warm-up itself,
-                    TFLOP/s, peak memory (Sec. 4.1's cost; the README's compile section);
+                    TFLOP/s, peak memory (Sec. 4.1's cost; docs/gpu.md's compile section);
   2. flux_dev       FLUX.1-dev's shapes at the FLUX presets' T = 6, W = 5 with 3 trajectories per GPU (bench.py):
                     the rollout, the completions, decoding, a training step, peak memory;
   3. train_runs     `python train.py --model random-sd35m`, 2 iterations each of tp-grpo and flow-grpo at B x G =
@@ -25,7 +25,7 @@ the exit status is then 1.
   python -m tools.gpu_check --dry-run                  # every item at tiny sizes on the CPU (tests/test_gpu_check.py)
 
 No download: random weights, the toy world's prompts, a reward without a model (JPEG compressibility). On a GPU
-machine without internet, carry the wheels the README's 'The GPU check' section lists.
+machine without internet, carry the wheels docs/gpu.md's 'The GPU check' section lists.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def deepspeed_zero2(args) -> dict:
 
 def train_argv(args, algo: str, out: str, iterations: int) -> list[str]:
     """The pickscore preset on random weights with the toy world's prompts and a reward that needs no model, at
-    B x G = 2 x 9 (the README's table), a checkpoint every iteration; the dry run: the tiny SD3, T = 4, W = 3."""
+    B x G = 2 x 9 (docs/gpu.md's table), a checkpoint every iteration; the dry run: the tiny SD3, T = 4, W = 3."""
     size = ["--model", "tiny", "--resolution", "16", "--max-sequence-length", "32", "--mixed-precision", "no",
             "--steps", "4", "--window", "3", "--prompts-per-iter", "2", "--group-size", "2", "--sample-batch", "4",
             "--train-batch", "2"] if args.dry_run else \
@@ -232,7 +232,7 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 
 
 def markdown(report: dict) -> str:
-    """The README's tables from the JSON report."""
+    """docs/gpu.md's tables from the JSON report."""
     items, lines = report["items"], [f"GPU check of {report['date']} on {report['device']}, code {report['version']}, "
                                      f"torch {report['torch']}" + (" (dry run: tiny sizes, CPU)" if report["dry_run"]
                                                                    else ""), ""]
