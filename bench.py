@@ -129,12 +129,13 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
         gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(n)])
         x_T = S.draw_noise(gens, shape, args.device)  # (n, C, h, w)
         with autocast():
-            ro = S.rollout(transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
-                           "cps", args.guidance, complete=complete, chunk_size=args.chunk_size,
-                           completion_steps=S.completion_steps(judge))
+            ro = S.wavefront_rollout(transformer, cond, x_T, gens, sigmas=sigmas, timesteps=timesteps, w0=0,
+                                     window=args.window, noise_level=args.noise_level, kind="cps",
+                                     guidance_scale=args.guidance, complete=complete, chunk_size=args.chunk_size,
+                                     completion_steps=S.completion_steps(judge))
             counter = models.EvalCounter(ro.counter.nfe, ro.counter.calls)
             if naive:
-                S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter)
+                S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter=counter)
         return counter, ro
 
     rows, ro = {}, None

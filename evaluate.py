@@ -64,8 +64,9 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     prm = [prompts[i % len(prompts)] for i in mine]
     meta = [metadata[i % len(prompts)] for i in mine]
     seeds = [S.member_seed(seed, 0, i, 0) for i in mine]
-    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch,
-                        transformer)  # (m, 3, H, W)
+    images = S.generate(pipe, prm, seeds, steps=steps, guidance_scale=guidance, resolution=resolution,
+                        max_sequence_length=max_sequence_length, batch_size=batch,
+                        transformer=transformer)  # (m, 3, H, W)
     values = {}
     for start in range(0, len(mine), batch):
         sl = slice(start, start + batch)

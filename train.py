@@ -274,9 +274,11 @@ def sample(run: Run, it: int) -> Samples:
         gens = S.make_generators([S.member_seed(cfg.seed, it, j // G, j % G) for j in ids.tolist()])
         x_T = S.draw_noise(gens, run.shape, run.accelerator.device)  # (b, C, h, w)
         with run.accelerator.autocast():  # bf16 base, float32 LoRA (under DeepSpeed: no autocast, all bf16)
-            ro = S.rollout(run.sampling_policy, cond, x_T, gens, run.sigmas, run.timesteps, w0, W, cfg.noise_level,
-                           cfg.sampler, cfg.guidance, complete=cfg.completes, chunk_size=cfg.chunk_size or None,
-                           completion_steps=S.completion_steps(cfg.completion))
+            ro = S.wavefront_rollout(run.sampling_policy, cond, x_T, gens, sigmas=run.sigmas, timesteps=run.timesteps,
+                                     w0=w0, window=W, noise_level=cfg.noise_level, kind=cfg.sampler,
+                                     guidance_scale=cfg.guidance, complete=cfg.completes,
+                                     completion_steps=S.completion_steps(cfg.completion),
+                                     chunk_size=cfg.chunk_size or None)
         nfe += ro.counter.nfe
         batches.append((ro, cond))
     return Samples(batches, w0, prompts, metadata, nfe)

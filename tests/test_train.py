@@ -170,14 +170,15 @@ def test_saved_lora_loads_into_diffusers_and_reproduces_the_policy(tmp_path):
     result, out = run(tmp_path, "--ema-decay", "0.5", "--ema-every", "1", "--lr", "3e-3")
     folder = os.path.join(out, "checkpoints", "iter-000002")
     prompts, seeds = ["two red squares", "one blue circle"], [1, 2]
+    sampling = dict(steps=10, guidance_scale=4.5, resolution=16, max_sequence_length=32)
     pipe = models.tiny_pipeline()
-    base = S.generate(pipe, prompts, seeds, 10, 4.5, 16, 32)
+    base = S.generate(pipe, prompts, seeds, **sampling)
     pipe.load_lora_weights(os.path.join(folder, "lora"))
-    loaded = S.generate(pipe, prompts, seeds, 10, 4.5, 16, 32)
+    loaded = S.generate(pipe, prompts, seeds, **sampling)
     assert (loaded - base).abs().max() > 1e-4  # the LoRA changes the output...
     trained = models.tiny_pipeline()
     trained.transformer = result["policy"].eval()
-    torch.testing.assert_close(loaded, S.generate(trained, prompts, seeds, 10, 4.5, 16, 32), rtol=0, atol=1e-5)
+    torch.testing.assert_close(loaded, S.generate(trained, prompts, seeds, **sampling), rtol=0, atol=1e-5)
     # ...and is exactly the trained policy; the EMA weights are saved beside it and differ from the live ones
     live, ema = lora_file(out, 2), lora_file(out, 2, "lora_ema")
     assert live.keys() == ema.keys() and any(not torch.equal(live[k], ema[k]) for k in live)
