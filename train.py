@@ -315,17 +315,20 @@ def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Co
     """
     N, W = cfg.prompts_per_iter * cfg.group_size, cfg.window
     device = accelerator.device
+    G = cfg.group_size
     R_all = torch.empty(N, R_mine.shape[1], device=device)  # (N, W+1) or (N, 1)
-    # rows go back to trajectory order j, so that trajectory j is member j % G of group j // G
+    # Each gathered row goes to its trajectory id j, whichever process sampled it and in whatever order the gather
+    # returns them: row j is member j % G of group j // G, so every group is G consecutive rows, the layout grpo.py's
+    # (B, G, W) views rely on.
     R_all[collectives.gather(accelerator, mine)] = collectives.gather(accelerator, R_mine)
     R_all = R_all.cpu()
-    group = torch.arange(N) // cfg.group_size  # (N,) prompt group of every trajectory
+    group = torch.arange(N) // G  # (N,) prompt group of every trajectory
     if cfg.completes:  # TP-GRPO and the incremental ablation: a reward per step, normalized per step
         step_r, kept, detected = tp.step_rewards(R_all, group, cfg.algo, cfg.tp_rule)  # (N, W) x 3
-        adv = grpo.per_timestep_advantages(step_r, group, clip=cfg.adv_clip)  # (N, W)
+        adv = grpo.per_timestep_advantages(step_r, G, clip=cfg.adv_clip)  # (N, W)
     else:  # Flow-GRPO: the outcome R_sde, normalized once, on every step
         kept = detected = torch.zeros(N, W, dtype=torch.bool)  # (N, W)
-        adv = grpo.flow_grpo_advantages(R_all[:, -1], group, W, clip=cfg.adv_clip)  # (N, W)
+        adv = grpo.flow_grpo_advantages(R_all[:, -1], G, W, clip=cfg.adv_clip)  # (N, W)
     return R_all, kept, detected, adv[mine].to(device)  # adv (n, W)
 
 
@@ -386,11 +389,10 @@ def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: t
     """Step 5: the iteration's metrics (the README's metrics table explains each). R_all (N, W+1 or 1), kept /
     detected turning points (N, W), finals: the reward's parts, nfe: all processes' evaluations, timer: seconds."""
     cfg, W = run.cfg, run.cfg.window
-    r_sde = R_all[:, -1]  # (N,)
-    group = torch.arange(run.N) // cfg.group_size  # (N,) prompt group of every trajectory
+    r_sde = R_all[:, -1]  # (N,) in groups of G consecutive rows (assign_credit)
     stats = dict(train_stats)
     log = {"reward/mean": r_sde.mean().item(), "reward/std": r_sde.std(unbiased=False).item(),
-           "reward/zero_std_groups": grpo.zero_std_fraction(r_sde, group).item(),
+           "reward/zero_std_groups": grpo.zero_std_fraction(r_sde, cfg.group_size).item(),
            "train/grad_norm": stats.pop("grad_norm"), "train/lr": cfg.lr,
            "cost/transformer_evals": nfe, "cost/evals_per_trajectory": nfe / run.N,
            **{f"train/{k}": v for k, v in stats.items()},

@@ -35,8 +35,6 @@ R = [0, 2, 1.5, 1.8, 0.1].
 
 import torch
 
-from grpo import group_ids
-
 # the methods whose step rewards come from the completions (Flow-GRPO has none: grpo.flow_grpo_advantages)
 CREDITS = ("tp-grpo", "incremental")
 RULES = ("strict", "base")
@@ -60,6 +58,15 @@ def _check_rewards(R):
     if not bool(torch.isfinite(R).all()):
         raise ValueError("R contains NaN or inf; check the reward function's outputs")
     return R
+
+
+def _check_group(group, n):
+    """Validate the (N,) integer group ids; returns them as a list."""
+    if (not isinstance(group, torch.Tensor) or group.shape != (n,) or group.is_floating_point()
+            or group.is_complex() or group.dtype == torch.bool):
+        shape = tuple(group.shape) if isinstance(group, torch.Tensor) else type(group).__name__
+        raise ValueError(f"group must be an integer tensor of shape ({n},) (one prompt id per row), got {shape}")
+    return group.tolist()
 
 
 def incremental_rewards(R):
@@ -115,7 +122,7 @@ def balance_turning_points(turning_points, r_agg, group):
     if turning_points.shape != r_agg.shape or turning_points.dim() != 2 or turning_points.dtype != torch.bool:
         raise ValueError(f"turning_points must be a bool (N, W) mask shaped like r_agg {tuple(r_agg.shape)}, "
                          f"got {turning_points.dtype} {tuple(turning_points.shape)}")
-    ids = group_ids(group, r_agg.shape[0], r_agg.device)[0].tolist()  # N group numbers
+    ids = _check_group(group, r_agg.shape[0])  # N group ids
     value = r_agg.tolist()  # N x W floats, exactly the tensor's values: the ranking below is the tensor's
     candidates = {}  # group -> its candidates (row, step), in row-major order: the order that breaks ties
     for i, k in (turning_points & (r_agg != 0)).nonzero().tolist():

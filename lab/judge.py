@@ -158,7 +158,7 @@ def fidelity(args) -> dict:
     groups of `members` trajectories of one caption) and the evaluations each judge costs per trajectory."""
     cfg, pipe, reward_fn, _ = toy_setup()
     ro, cond, R_ode, reward, group = toy_trajectories(pipe, cfg, reward_fn, args.members, cfg.noise_level, args.seed)
-    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, group)[0], group)  # noqa: E731  (n, W)
+    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, group)[0], args.members)  # noqa: E731  (n, W)
     out = {"settings": {"prompts": 48, "members": args.members, "steps": cfg.steps, "window": cfg.window,
                         "noise_level": cfg.noise_level, "seed": args.seed}, "judges": {}}
     for spec in args.judges:

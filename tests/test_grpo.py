@@ -14,23 +14,26 @@ from turning_points import step_rewards
 T = torch.tensor
 
 
-def random_batch(seed, n_groups=16, G=8, W=5, levels=None, dtype=torch.float32):
-    """Rows of n_groups groups in random order with arbitrary ids; levels: quantize to that many values."""
+G = 8
+
+
+def random_batch(seed, n_groups=16, W=5, levels=None, dtype=torch.float32):
+    """Rows of n_groups groups of G consecutive rows (train.py's layout) and their group ids; levels: quantize to
+    that many values."""
     gen = torch.Generator().manual_seed(seed)
     R = torch.rand(n_groups * G, W + 1, generator=gen, dtype=dtype)  # (N, W+1)
     if levels:
         R = (R * levels).floor() / levels
-    ids = torch.randint(-1000, 1000, (n_groups,), generator=gen).unique()  # (<= n_groups,)
-    group = ids[torch.randint(0, ids.numel(), (n_groups * G,), generator=gen)]  # (N,) uneven group sizes
-    return R, group
+    return R, torch.arange(n_groups * G) // G
 
 
-def oracle_advantages(x, group, clip=5.0):
-    """Plain Python: each (group, column) normalized with statistics' population std."""
-    x, group = x.tolist(), group.tolist()
+def oracle_advantages(x, G, clip=5.0):
+    """Plain Python: each (group, column) normalized with statistics' population std; rows i*G .. i*G+G-1 form
+    group i."""
+    x = x.tolist()
     out = [[0.0] * len(x[0]) for _ in x]
-    for g in set(group):
-        rows = [i for i, h in enumerate(group) if h == g]
+    for start in range(0, len(x), G):
+        rows = range(start, start + G)
         for k in range(len(x[0])):
             col = [x[i][k] for i in rows]
             mu, sd = statistics.fmean(col), statistics.pstdev(col)
@@ -48,15 +51,15 @@ def test_per_timestep_advantages_match_oracle(seed, levels):
     R, group = random_batch(seed, levels=levels)
     for rewards in (step_rewards(R, group, algo="tp-grpo")[0], step_rewards(R, group, algo="incremental")[0],
                     R[:, -1:].expand(-1, R.shape[1] - 1)):  # the last: Flow-GRPO's outcome reward on every step
-        adv = per_timestep_advantages(rewards, group)
+        adv = per_timestep_advantages(rewards, G)
         assert adv.dtype == torch.float32 and adv.shape == rewards.shape
-        torch.testing.assert_close(adv.double(), oracle_advantages(rewards, group), atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(adv.double(), oracle_advantages(rewards, G), atol=2e-5, rtol=1e-5)
 
 
 def test_group_mean_zero_and_unit_std_at_each_step():
     R, group = random_batch(11, dtype=torch.float64)
     rewards, _, _ = step_rewards(R, group)
-    adv = per_timestep_advantages(rewards, group)
+    adv = per_timestep_advantages(rewards, G)
     assert adv.dtype == torch.float64  # float64 in, float64 out
     for g in group.unique():
         a, r = adv[group == g], rewards[group == g]
@@ -69,53 +72,66 @@ def test_constant_group_gets_exactly_zero():
     # Group 3: all members equal at every step (in float32, (0.9 + 0.9 + 0.9) / 3 != 0.9, so the naive
     # formula would give ~6e-4 instead of 0); group 8: equal at step 1 only.
     rewards = T([[0.9, 0.9], [0.9, 0.9], [0.9, 0.9], [0.3, 0.7], [0.3, 0.2], [0.3, 0.9]])
-    group = T([3, 3, 3, 8, 8, 8])
-    adv = per_timestep_advantages(rewards, group)
+    adv = per_timestep_advantages(rewards, 3)
     assert torch.isfinite(adv).all()
     assert (adv[:3] == 0).all() and (adv[3:, 0] == 0).all()
     assert (adv[3:, 1] != 0).all()
-    assert zero_std_fraction(rewards, group).item() == 0.75  # 3 of the 4 (group, step) cells are constant
-    assert zero_std_fraction(rewards[:, 1], group).item() == 0.5
+    assert zero_std_fraction(rewards, 3).item() == 0.75  # 3 of the 4 (group, step) cells are constant
+    assert zero_std_fraction(rewards[:, 1], 3).item() == 0.5
     # The paper's group size: 24 equal rewards of 0.1 (float32 sum / 24 misses 0.1 by an ulp).
-    assert (per_timestep_advantages(torch.full((24, 9), 0.1), torch.zeros(24, dtype=torch.long)) == 0).all()
+    assert (per_timestep_advantages(torch.full((24, 9), 0.1), 24) == 0).all()
 
 
 def test_single_member_group_gets_zero():
-    adv = per_timestep_advantages(T([[1.0, 2.0], [0.0, 5.0], [3.0, 3.0]]), T([0, 1, 1]))
-    assert adv[0].tolist() == [0.0, 0.0] and (adv[1:, 0].abs() > 0.99).all()
+    rewards = T([[1.0, 2.0], [0.0, 5.0], [3.0, 3.0], [1.0, 3.0]])
+    assert (per_timestep_advantages(rewards, 1) == 0).all()
+    adv = per_timestep_advantages(rewards, 2)  # two members: +-1 (up to the 1e-4), or 0 where they are equal
+    assert (adv[:2].abs() > 0.99).all() and (adv[2:, 1] == 0).all() and (adv[2:, 0].abs() > 0.99).all()
+
+
+def test_groups_are_consecutive_rows():
+    """Group i is rows i*G .. i*G+G-1: the same rewards in another group layout give other advantages, and each
+    group's advantages are those of its rows alone."""
+    R, _ = random_batch(3)
+    adv = per_timestep_advantages(R, G)
+    for i in range(0, R.shape[0], G):
+        assert torch.equal(adv[i:i + G], per_timestep_advantages(R[i:i + G], G))
+    assert not torch.equal(per_timestep_advantages(R, G // 2)[:G], adv[:G])
 
 
 def test_clipping_at_5():
     # One success among 50: z = (1 - 0.02) / sqrt(0.02 * 0.98) = 7.0 -> clipped to 5; the others are -0.143.
     rewards = torch.zeros(50, 2)
     rewards[0] = 1.0
-    adv = per_timestep_advantages(rewards, torch.zeros(50, dtype=torch.long))
+    adv = per_timestep_advantages(rewards, 50)
     assert (adv[0] == 5.0).all()
     torch.testing.assert_close(adv[1:], torch.full((49, 2), -0.02 / (0.14 + 1e-4)), atol=1e-5, rtol=0)
-    assert (per_timestep_advantages(-rewards, torch.zeros(50, dtype=torch.long))[0] == -5.0).all()
-    assert per_timestep_advantages(rewards, torch.zeros(50, dtype=torch.long), clip=10.0)[0, 0] > 6.9
+    assert (per_timestep_advantages(-rewards, 50)[0] == -5.0).all()
+    assert per_timestep_advantages(rewards, 50, clip=10.0)[0, 0] > 6.9
 
 
 def test_flow_grpo_advantages_are_the_group_normalized_outcome_on_every_step():
-    R, group = random_batch(5, levels=4)
+    R, _ = random_batch(5, levels=4)
     W = R.shape[1] - 1
-    adv = flow_grpo_advantages(R[:, -1], group, W)
+    adv = flow_grpo_advantages(R[:, -1], G, W)
     assert adv.shape == (R.shape[0], W)
-    expected = oracle_advantages(R[:, -1:], group).expand(-1, W)
+    expected = oracle_advantages(R[:, -1:], G).expand(-1, W)
     torch.testing.assert_close(adv.double(), expected, atol=2e-5, rtol=1e-5)
     # ... which is what per-timestep normalization of the outcome reward copied to every step gives
-    assert torch.equal(per_timestep_advantages(R[:, -1:].expand(-1, W), group), adv)
+    assert torch.equal(per_timestep_advantages(R[:, -1:].expand(-1, W), G), adv)
 
 
 def test_advantage_errors():
-    with pytest.raises(ValueError, match=r"shape \(3,\)"):
-        per_timestep_advantages(torch.zeros(3, 2), T([0, 1]))
+    with pytest.raises(ValueError, match="G = 2 must be a positive integer dividing the 3 rows"):
+        per_timestep_advantages(torch.zeros(3, 2), 2)
+    with pytest.raises(ValueError, match="G = 0"):
+        zero_std_fraction(torch.zeros(3, 2), 0)
     with pytest.raises(ValueError, match="clip must be > 0"):
-        per_timestep_advantages(torch.zeros(3, 2), T([0, 1, 1]), clip=0)
+        per_timestep_advantages(torch.zeros(3, 2), 3, clip=0)
     with pytest.raises(ValueError, match="float"):
-        per_timestep_advantages(torch.zeros(3, 2, dtype=torch.long), T([0, 1, 1]))
+        per_timestep_advantages(torch.zeros(3, 2, dtype=torch.long), 3)
     with pytest.raises(ValueError, match="NaN"):
-        per_timestep_advantages(T([[float("nan")]]), T([0]))
+        per_timestep_advantages(T([[float("nan")]]), 1)
 
 
 # ------------------------------------------------------------------------------------------------ loss

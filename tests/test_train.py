@@ -288,9 +288,9 @@ def test_groups_split_over_processes_get_single_process_advantages(tmp_path):
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     R = ranks[0]["R"]
     group = torch.arange(12) // 4
-    expected = {"flow-grpo": grpo.flow_grpo_advantages(R[:, -1], group, 4)}
+    expected = {"flow-grpo": grpo.flow_grpo_advantages(R[:, -1], 4, 4)}
     for algo in ("tp-grpo", "incremental"):
-        expected[algo] = grpo.per_timestep_advantages(tp.step_rewards(R, group, algo)[0], group)
+        expected[algo] = grpo.per_timestep_advantages(tp.step_rewards(R, group, algo)[0], 4)
     for algo, adv in expected.items():
         assert adv.abs().sum() > 0
         for r in ranks:
