@@ -177,16 +177,18 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
 
     params = [p for p in pipe.transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
-    step_loss = policy.WindowStepLoss(lambda: policy.reference_policy(pipe.transformer), cfg.sampler, cfg.noise_level,
-                                      cfg.guidance, cfg.clip_range, cfg.beta, autocast)
+    step_loss = policy.WindowStepLoss(lambda: policy.reference_policy(pipe.transformer), sampler=cfg.sampler,
+                                      noise_level=cfg.noise_level, guidance=cfg.guidance, clip_range=cfg.clip_range,
+                                      beta=cfg.beta, autocast=autocast)
 
     @torch.enable_grad()
     def train_step():
         pipe.transformer.train()
         for k in range(cfg.window):
             t = timesteps[k].expand(n)  # (n,)
-            loss, _, _ = step_loss(pipe.transformer, ro.states[:, k], ro.states[:, k + 1], t, cond, sigmas[k],
-                                   sigmas[k + 1], ro.log_probs[:, k], torch.randn(n, device=args.device))
+            loss, _, _ = step_loss(pipe.transformer, ro.states[:, k], ro.states[:, k + 1], t=t, cond=cond,
+                                   sigma=sigmas[k], sigma_next=sigmas[k + 1], logp_old=ro.log_probs[:, k],
+                                   adv=torch.randn(n, device=args.device))
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -48,7 +48,7 @@ import sampler as S
 GRID_IMAGES = 32  # evaluation images shown in the grid picture (grid.png, train.py's samples_<tag>.png)
 
 
-def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, samples: int, steps: int,
+def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, *, samples: int, steps: int,
                      guidance: float, resolution: int, max_sequence_length: int, batch: int, accelerator=None,
                      transformer=None, seed: int = config.EVAL_SEED):
     """Generate `samples` images (prompt i mod len, noise seed (seed, i)) split over processes, score them
@@ -273,8 +273,9 @@ def main(argv: list[str] | None = None) -> dict:
     except (models.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     seed = config.eval_seed_for(args.prompts or cfg.eval_prompts, cfg.eval_seed)  # toy:validation has its own
-    result = sample_and_score(pipe, prompts, metadata, reward_fn, samples, steps, guidance, resolution,
-                              cfg.max_sequence_length, args.batch, accelerator, seed=seed)
+    result = sample_and_score(pipe, prompts, metadata, reward_fn, samples=samples, steps=steps, guidance=guidance,
+                              resolution=resolution, max_sequence_length=cfg.max_sequence_length, batch=args.batch,
+                              accelerator=accelerator, seed=seed)
     summary = result["summary"]
     if accelerator.is_main_process:
         os.makedirs(out, exist_ok=True)

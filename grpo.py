@@ -110,7 +110,7 @@ def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Te
     return torch.cat(parts)  # (n,)
 
 
-def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask=None):
+def grpo_loss(logp, logp_old, advantages, *, mean, ref_mean, std_kl, clip_range, beta, mask=None):
     """Clipped surrogate plus KL for one window step of a micro-batch (docs/method.md, 'The clipped loss').
     Returns (loss, stats).
 
@@ -119,11 +119,12 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
     policy's mean (n, C, h, w), or None when beta = 0; std_kl (n,): the std the KL divides by (`kl_to_reference`).
     clip_range: the ratio clip eps; beta: the KL weight (docs/method.md, 'SD3.5-Medium hyperparameters').
     mask (n,) bool, or None for all rows: the rows that count (Flow-GRPO's zero-advantage filter, which train.py
-    applies as a mask instead of re-batching; README, deviations). The loss and every statistic are means over them
-    alone; a micro-batch with no such row gives loss 0, still connected to the
-    graph so that its backward pass runs. stats: `loss_stats`.
+    applies as a mask instead of re-batching; docs/deviations.md, 'Zero-advantage samples'). The loss and every
+    statistic are means over them alone; a micro-batch with no such row gives loss 0, still connected to the graph so
+    that its backward pass runs. stats: `loss_stats`.
     """
-    _check_loss_inputs(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask)
+    _check_loss_inputs(logp, logp_old, advantages, mean=mean, ref_mean=ref_mean, std_kl=std_kl,
+                       clip_range=clip_range, beta=beta, mask=mask)
     avg = masked_mean(mask, logp.dtype)
     # rho = exp(log pi_theta(x' | x) - log pi_old(x' | x))
     ratio = torch.exp(logp - logp_old)  # (n,)
@@ -135,7 +136,7 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
     kl = torch.zeros_like(std_kl) if ref_mean is None else kl_to_reference(mean, ref_mean, std_kl)  # (n,)
     # total = mean(L) + beta * mean(KL)
     loss = policy_loss + beta * avg(kl) if beta != 0 else policy_loss
-    return loss, loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range, mask, avg)
+    return loss, loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range=clip_range, mask=mask, avg=avg)
 
 
 def kl_to_reference(mean, ref_mean, std_kl):
@@ -161,7 +162,7 @@ def masked_mean(mask, dtype):
 
 
 @torch.no_grad()
-def loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range, mask, avg):
+def loss_stats(ratio, logp, logp_old, kl, policy_loss, *, clip_range, mask, avg):
     """The logged statistics of one step's loss (README, 'Logged metrics'), means over the counted rows: clip_frac,
     approx_kl, kl, policy_loss, ratio_mean, ratio_min, ratio_max (detached float32 scalars)."""
     counted = torch.ones_like(ratio, dtype=torch.bool) if mask is None else mask  # (n,)
@@ -179,7 +180,7 @@ def loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range, mask, avg):
     return {k: v.detach().float() for k, v in stats.items()}
 
 
-def _check_loss_inputs(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask):
+def _check_loss_inputs(logp, logp_old, advantages, *, mean, ref_mean, std_kl, clip_range, beta, mask):
     """One line naming the first argument of grpo_loss that does not fit (shapes, the KL's reference, the clip)."""
     n = logp.shape[0] if isinstance(logp, torch.Tensor) and logp.dim() == 1 else None
     for name, x in (("logp", logp), ("logp_old", logp_old), ("advantages", advantages), ("std_kl", std_kl)):

@@ -121,7 +121,7 @@ def main(cfg: Config) -> dict:
     history_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     summaries = {}  # evaluation summaries by tag ("before", "after")
     if run.progress.iteration == 0:
-        summaries["before"] = evaluate_policy(run, "before", toyworld.shipped_heldout_values(cfg))
+        summaries["before"] = evaluate_policy(run, "before")
         acc.print("eval before: " + evaluate.format_summary(summaries["before"]))
         if main_proc and os.path.exists(history_path):
             os.remove(history_path)
@@ -143,7 +143,7 @@ def main(cfg: Config) -> dict:
         del samples
 
         # 5. log, evaluate, save
-        log = iteration_log(run, R_all, kept, detected, finals, train_stats, nfe, timer)
+        log = iteration_log(run, R_all, kept, detected, finals=finals, train_stats=train_stats, nfe=nfe, timer=timer)
         if cfg.eval_every and run.progress.iteration % cfg.eval_every == 0 and run.progress.iteration < cfg.iterations:
             log.update(evaluate_policy(run, f"iter{run.progress.iteration:06d}"))
         if run.progress.iteration == cfg.iterations:
@@ -218,8 +218,8 @@ def setup(cfg: Config) -> Run:
     ddp_policy, optimizer = accelerator.prepare(transformer, optimizer)
     policy = accelerator.unwrap_model(ddp_policy)  # sampling and the reference pass need no DDP sync
     reference = (lambda: reference_policy(policy)) if ref_model is None else (lambda: contextlib.nullcontext(ref_model))
-    step_loss = WindowStepLoss(reference, cfg.sampler, cfg.noise_level, cfg.guidance, cfg.clip_range, cfg.beta,
-                               accelerator.autocast)
+    step_loss = WindowStepLoss(reference, sampler=cfg.sampler, noise_level=cfg.noise_level, guidance=cfg.guidance,
+                               clip_range=cfg.clip_range, beta=cfg.beta, autocast=accelerator.autocast)
     shape = models.latent_shape(pipe, cfg.resolution)
     # (T+1,), (T,); FLUX's shift depends on the image size, so the grid needs the latent shape
     sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)
@@ -366,8 +366,9 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
             t = run.timesteps[i].expand(rows.numel())  # (b,)
             with acc.accumulate(run.ddp_policy):
                 loss, stats, log_prob = run.step_loss(
-                    run.ddp_policy, states[rows, k], states[rows, k + 1], t, cond.rows(rows.to(acc.device)),
-                    run.sigmas[i], run.sigmas[i + 1], logp_old[rows, k], adv[rows, k], row_mask)
+                    run.ddp_policy, states[rows, k], states[rows, k + 1], t=t, cond=cond.rows(rows.to(acc.device)),
+                    sigma=run.sigmas[i], sigma_next=run.sigmas[i + 1], logp_old=logp_old[rows, k], adv=adv[rows, k],
+                    mask=row_mask)
                 acc.backward(loss)
                 if acc.sync_gradients:
                     log.grad_norm(acc.clip_grad_norm_(run.params, cfg.max_grad_norm))
@@ -375,7 +376,7 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
                 run.optimizer.zero_grad(set_to_none=True)
                 if acc.sync_gradients and run.ema is not None:
                     run.ema.step()
-            log.add(mb == 0, stats, loss, counted, log_prob, logp_old[rows, k])
+            log.add(stats, loss, counted=counted, first=mb == 0, log_prob=log_prob, logp_old=logp_old[rows, k])
     return log.summary(acc, zero_adv, run.N)
 
 
@@ -384,7 +385,7 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
 # ================================================================================================================
 
 
-def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: torch.Tensor, finals: dict,
+def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: torch.Tensor, *, finals: dict,
                   train_stats: dict, nfe: int, timer: dict) -> dict[str, float]:
     """Step 5: the iteration's metrics (the README's metrics table explains each). R_all (N, W+1 or 1), kept /
     detected turning points (N, W), finals: the reward's parts, nfe: all processes' evaluations, timer: seconds."""
@@ -413,30 +414,18 @@ def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: t
     return log
 
 
-def evaluate_policy(run: Run, tag: str, shipped: dict | None = None) -> dict[str, float]:
-    """Evaluate the (EMA) policy on the held-out set with the plain ODE (evaluate.sample_and_score); `shipped`:
-    known values of every image, of which only the grid's first images are recomputed (and must agree, else the
-    whole set is evaluated). Writes eval_<tag>.json and samples_<tag>.png; returns {"eval/<metric>": value}, with
-    the paired change against "before" (the same images) once that exists."""
+def evaluate_policy(run: Run, tag: str) -> dict[str, float]:
+    """Evaluate the (EMA) policy on the held-out set with the plain ODE (evaluate.sample_and_score), or before
+    training from the toy checkpoint's shipped values (`shipped_evaluation`). Writes eval_<tag>.json and
+    samples_<tag>.png; returns {"eval/<metric>": value}, with the paired change against "before" (the same images)
+    once that exists."""
     cfg, acc = run.cfg, run.accelerator
-    prompts, metadata = run.eval_set
+    prompts = run.eval_set[0]
     run.policy.eval()
     if run.ema is not None:
         run.ema.swap()  # the EMA weights are the ones evaluated (docs/method.md, 'SD3.5-Medium hyperparameters')
-    for samples in ([evaluate.GRID_IMAGES] if shipped else []) + [cfg.eval_samples]:
-        with acc.autocast():
-            result = evaluate.sample_and_score(run.pipe, prompts, metadata, run.reward_fn, samples, cfg.eval_steps,
-                                               cfg.eval_guidance, cfg.resolution, cfg.max_sequence_length,
-                                               cfg.reward_batch, acc, run.sampling_policy, cfg.eval_seed)
-        if shipped and torch.allclose(result["values"]["reward"], shipped["reward"][:samples], atol=1e-5):
-            result |= {"values": shipped, "summary": evaluate.summarize(shipped)}
-            acc.print(f"eval {tag}: the checkpoint's shipped values (its first {samples} images recomputed and "
-                      f"equal)")
-            break
-        if shipped:
-            acc.print(f"eval {tag}: the checkpoint's shipped values disagree with a fresh evaluation of its first "
-                      f"{samples} images on this machine; evaluating all {cfg.eval_samples}")
-            shipped = None
+    # before training, the toy checkpoint's shipped values stand in when its first images agree
+    result = (shipped_evaluation(run) if tag == "before" else None) or heldout_images(run, cfg.eval_samples)
     if run.ema is not None:
         run.ema.swap()
     summary = {f"eval/{k}": v for k, v in result["summary"].items()}
@@ -454,6 +443,34 @@ def evaluate_policy(run: Run, tag: str, shipped: dict | None = None) -> dict[str
             json.dump({"iteration": run.progress.iteration, **summary,
                        "per_image": evaluate.per_image(result["values"])}, f, indent=1)
     return summary
+
+
+def heldout_images(run: Run, samples: int) -> dict:
+    """evaluate.sample_and_score on the first `samples` held-out images, with the run's evaluation settings."""
+    cfg, (prompts, metadata) = run.cfg, run.eval_set
+    with run.accelerator.autocast():
+        return evaluate.sample_and_score(run.pipe, prompts, metadata, run.reward_fn, samples=samples,
+                                         steps=cfg.eval_steps, guidance=cfg.eval_guidance, resolution=cfg.resolution,
+                                         max_sequence_length=cfg.max_sequence_length, batch=cfg.reward_batch,
+                                         accelerator=run.accelerator, transformer=run.sampling_policy,
+                                         seed=cfg.eval_seed)
+
+
+def shipped_evaluation(run: Run) -> dict | None:
+    """The toy world's shortcut for the evaluation before training: a run from iteration 0 evaluates the base model
+    (LoRA's B = 0), whose values of every image the shipped checkpoint carries when the run's evaluation settings
+    are the ones they were computed with (toyworld.shipped_heldout_values). Only the grid's first images are
+    recomputed; if they agree, their images with the shipped values, else None (evaluate everything)."""
+    shipped, acc, samples = toyworld.shipped_heldout_values(run.cfg), run.accelerator, evaluate.GRID_IMAGES
+    if shipped is None:
+        return None
+    result = heldout_images(run, samples)
+    if torch.allclose(result["values"]["reward"], shipped["reward"][:samples], atol=1e-5):
+        acc.print(f"eval before: the checkpoint's shipped values (its first {samples} images recomputed and equal)")
+        return result | {"values": shipped, "summary": evaluate.summarize(shipped)}
+    acc.print(f"eval before: the checkpoint's shipped values disagree with a fresh evaluation of its first {samples} "
+              f"images on this machine; evaluating all {run.cfg.eval_samples}")
+    return None
 
 
 def log_grid(accelerator, grid, step: int):
@@ -522,7 +539,7 @@ class UpdateStats:
     def __init__(self):
         self.sums, self.first, self.first_dev, self.grad_norms = {}, {}, 0.0, []
 
-    def add(self, first: bool, stats: dict, loss: torch.Tensor, counted: int, log_prob: torch.Tensor,
+    def add(self, stats: dict, loss: torch.Tensor, *, counted: int, first: bool, log_prob: torch.Tensor,
             logp_old: torch.Tensor):
         """One window step of a micro-batch: its stats weighted by its `counted` rows; log_prob, logp_old (b,)."""
         for into in (self.sums, self.first) if first else (self.sums,):

@@ -155,7 +155,7 @@ def test_loss_matches_hand_computation():
     mean[:, 0, 0, 0] = T([0.1, 0.2, 0.0, -0.3, 0.5])
     ref = torch.zeros(n, 1, 1, 2)
     std_kl = T([0.5, 1.0, 2.0, 0.25, 0.0])
-    loss, stats = grpo_loss(logp, logp_old, T(adv), mean, ref, std_kl, clip_range=0.2, beta=0.1)
+    loss, stats = grpo_loss(logp, logp_old, T(adv), mean=mean, ref_mean=ref, std_kl=std_kl, clip_range=0.2, beta=0.1)
 
     rho = [math.exp(x) for x in dlogp]
     per = [max(-a * r, -a * min(max(r, 0.8), 1.2)) for a, r in zip(adv, rho)]
@@ -186,7 +186,8 @@ def test_mask_equals_a_naive_loss_over_the_kept_rows_only():
     mean, ref = loss_inputs(n)
     mean.requires_grad_(True)
     keep = T([True, False, True, True, False, False, True])
-    loss, stats = grpo_loss(logp, logp_old, adv, mean, ref, std_kl, eps, beta, mask=keep)
+    loss, stats = grpo_loss(logp, logp_old, adv, mean=mean, ref_mean=ref, std_kl=std_kl, clip_range=eps, beta=beta,
+                            mask=keep)
     loss.backward()
     # the oracle: drop the rows, then the plain formulas on the 4 that are left (as Flow-GRPO's filter does)
     k = keep.nonzero().flatten().tolist()
@@ -202,7 +203,8 @@ def test_mask_equals_a_naive_loss_over_the_kept_rows_only():
     assert stats["clip_frac"].item() == pytest.approx(sum(abs(r - 1) > eps for r in rho) / 4)
     # gradients: the dropped rows get none, the kept ones what the 4-row batch alone gives them
     sub_logp, sub_mean = logp.detach()[k].requires_grad_(True), mean.detach()[k].requires_grad_(True)
-    sub, _ = grpo_loss(sub_logp, logp_old[k], adv[k], sub_mean, ref[k], std_kl[k], eps, beta)
+    sub, _ = grpo_loss(sub_logp, logp_old[k], adv[k], mean=sub_mean, ref_mean=ref[k], std_kl=std_kl[k], clip_range=eps,
+                       beta=beta)
     sub.backward()
     assert (logp.grad[~keep] == 0).all() and (mean.grad[~keep] == 0).all()
     torch.testing.assert_close(logp.grad[k], sub_logp.grad, rtol=1e-6, atol=0)
@@ -214,17 +216,17 @@ def test_all_true_mask_is_no_mask_and_an_empty_mask_still_back_propagates():
     gen = torch.Generator().manual_seed(1)
     logp_old, adv = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
     mean, ref = loss_inputs(n)
-    args = (adv, mean, ref, torch.ones(n), 1e-5, 1e-4)
-    plain, plain_stats = grpo_loss(logp_old + 1e-6, logp_old, *args)
-    masked, masked_stats = grpo_loss(logp_old + 1e-6, logp_old, *args, mask=torch.ones(n, dtype=torch.bool))
+    args = dict(mean=mean, ref_mean=ref, std_kl=torch.ones(n), clip_range=1e-5, beta=1e-4)
+    plain, plain_stats = grpo_loss(logp_old + 1e-6, logp_old, adv, **args)
+    masked, masked_stats = grpo_loss(logp_old + 1e-6, logp_old, adv, **args, mask=torch.ones(n, dtype=torch.bool))
     assert torch.equal(plain, masked) and all(torch.equal(plain_stats[k], masked_stats[k]) for k in plain_stats)
     logp = logp_old.clone().requires_grad_(True)
-    loss, stats = grpo_loss(logp, logp_old, *args, mask=torch.zeros(n, dtype=torch.bool))
+    loss, stats = grpo_loss(logp, logp_old, adv, **args, mask=torch.zeros(n, dtype=torch.bool))
     loss.backward()  # a process whose micro-batch was all dropped still runs its backward pass (DDP)
     assert loss.item() == 0.0 and logp.grad is not None and (logp.grad == 0).all()
     assert all(v.item() == 0.0 for v in stats.values())
     with pytest.raises(ValueError, match="mask must be"):
-        grpo_loss(logp_old, logp_old, *args, mask=torch.ones(n))
+        grpo_loss(logp_old, logp_old, adv, **args, mask=torch.ones(n))
 
 
 def test_gradient_is_zero_where_clipped_on_the_side_of_the_advantage():
@@ -234,7 +236,8 @@ def test_gradient_is_zero_where_clipped_on_the_side_of_the_advantage():
     logp_old = torch.zeros(4)
     logp = T([0.01, -0.01, -0.01, 0.01], requires_grad=True)
     mean, _ = loss_inputs()
-    loss, stats = grpo_loss(logp, logp_old, adv, mean, None, torch.ones(4), eps, 0.0)
+    loss, stats = grpo_loss(logp, logp_old, adv, mean=mean, ref_mean=None, std_kl=torch.ones(4), clip_range=eps,
+                            beta=0.0)
     loss.backward()
     assert logp.grad[:2].tolist() == [0.0, 0.0]
     rho = torch.exp(logp.detach())
@@ -245,7 +248,8 @@ def test_gradient_is_zero_where_clipped_on_the_side_of_the_advantage():
 def test_ratio_one_and_zero_advantage_give_zero_policy_loss():
     logp = torch.randn(6, generator=torch.Generator().manual_seed(2))
     mean, ref = loss_inputs(6)
-    loss, stats = grpo_loss(logp, logp.clone(), torch.zeros(6), mean, ref, torch.ones(6), 1e-5, 0.0)
+    loss, stats = grpo_loss(logp, logp.clone(), torch.zeros(6), mean=mean, ref_mean=ref, std_kl=torch.ones(6),
+                            clip_range=1e-5, beta=0.0)
     assert loss.item() == 0.0 and stats["policy_loss"].item() == 0.0
     assert stats["ratio_min"].item() == stats["ratio_max"].item() == 1.0 and stats["clip_frac"].item() == 0.0
     assert stats["kl"].item() > 0  # KL is still reported with beta = 0 when ref_mean is given
@@ -253,7 +257,8 @@ def test_ratio_one_and_zero_advantage_give_zero_policy_loss():
 
 def test_kl_zero_when_policy_equals_reference():
     mean, _ = loss_inputs()
-    loss, stats = grpo_loss(torch.zeros(4), torch.zeros(4), torch.ones(4), mean, mean.clone(), torch.ones(4), 1e-5, 1.0)
+    loss, stats = grpo_loss(torch.zeros(4), torch.zeros(4), torch.ones(4), mean=mean, ref_mean=mean.clone(),
+                            std_kl=torch.ones(4), clip_range=1e-5, beta=1.0)
     assert stats["kl"].item() == 0.0 and loss.item() == pytest.approx(-1.0)
 
 
@@ -263,7 +268,7 @@ def test_kl_relation_to_the_exact_gaussian_kl():
     zeros = torch.zeros(3)
     # "cps": std_kl = s, the exact step std -> our KL = exact KL / D
     s = T([0.3, 0.7, 1.1])
-    _, stats = grpo_loss(zeros, zeros, zeros, mean, ref, s, 1e-5, 1.0)
+    _, stats = grpo_loss(zeros, zeros, zeros, mean=mean, ref_mean=ref, std_kl=s, clip_range=1e-5, beta=1.0)
     exact = kl_divergence(Normal(mean, s.view(3, 1, 1, 1)), Normal(ref, s.view(3, 1, 1, 1))).flatten(1).sum(1)
     assert stats["kl"].item() == pytest.approx((exact / D).mean().item(), rel=1e-5)
     # "sde": step std = std * sqrt(-dt), std_kl = std -> our KL = exact KL * |dt| / D
@@ -278,7 +283,8 @@ def test_zero_kl_std_gives_no_nan_in_value_or_gradient():
     mean.requires_grad_(True)
     logp = torch.zeros(4, requires_grad=True)
     std_kl = T([0.5, 0.0, 1.0, 0.0])
-    loss, stats = grpo_loss(logp, torch.zeros(4), T([1.0, -1.0, 0.5, 2.0]), mean, ref, std_kl, 1e-5, 1.0)
+    loss, stats = grpo_loss(logp, torch.zeros(4), T([1.0, -1.0, 0.5, 2.0]), mean=mean, ref_mean=ref, std_kl=std_kl,
+                            clip_range=1e-5, beta=1.0)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(mean.grad).all() and torch.isfinite(logp.grad).all()
     assert (mean.grad[[1, 3]] == 0).all() and (mean.grad[[0, 2]] != 0).all()
@@ -288,7 +294,8 @@ def test_zero_kl_std_gives_no_nan_in_value_or_gradient():
     assert stats["kl"].item() == pytest.approx(expected.item(), rel=1e-6)
     # All steps deterministic: KL term is exactly 0, still no NaN.
     mean.grad = None
-    loss, stats = grpo_loss(logp, torch.zeros(4), torch.zeros(4), mean, ref, torch.zeros(4), 1e-5, 1.0)
+    loss, stats = grpo_loss(logp, torch.zeros(4), torch.zeros(4), mean=mean, ref_mean=ref, std_kl=torch.zeros(4),
+                            clip_range=1e-5, beta=1.0)
     loss.backward()
     assert stats["kl"].item() == 0.0 and (mean.grad == 0).all()
 
@@ -296,7 +303,8 @@ def test_zero_kl_std_gives_no_nan_in_value_or_gradient():
 def test_reference_is_a_constant():
     mean, ref = loss_inputs()
     ref.requires_grad_(True)
-    loss, _ = grpo_loss(torch.zeros(4), torch.zeros(4), torch.zeros(4), mean, ref, torch.ones(4), 1e-5, 1.0)
+    loss, _ = grpo_loss(torch.zeros(4), torch.zeros(4), torch.zeros(4), mean=mean, ref_mean=ref, std_kl=torch.ones(4),
+                        clip_range=1e-5, beta=1.0)
     assert not loss.requires_grad  # nothing flows into the reference policy
 
 
@@ -304,12 +312,12 @@ def test_loss_errors():
     mean, _ = loss_inputs()
     z = torch.zeros(4)
     with pytest.raises(ValueError, match="needs ref_mean"):
-        grpo_loss(z, z, z, mean, None, z, 1e-5, 1e-4)
+        grpo_loss(z, z, z, mean=mean, ref_mean=None, std_kl=z, clip_range=1e-5, beta=1e-4)
     with pytest.raises(ValueError, match="logp_old must be a"):
-        grpo_loss(z, torch.zeros(3), z, mean, None, z, 1e-5, 0.0)
+        grpo_loss(z, torch.zeros(3), z, mean=mean, ref_mean=None, std_kl=z, clip_range=1e-5, beta=0.0)
     with pytest.raises(ValueError, match="mean must be"):
-        grpo_loss(z, z, z, mean[:3], None, z, 1e-5, 0.0)
+        grpo_loss(z, z, z, mean=mean[:3], ref_mean=None, std_kl=z, clip_range=1e-5, beta=0.0)
     with pytest.raises(ValueError, match="ref_mean must have"):
-        grpo_loss(z, z, z, mean, mean[:, :1], z, 1e-5, 0.0)
+        grpo_loss(z, z, z, mean=mean, ref_mean=mean[:, :1], std_kl=z, clip_range=1e-5, beta=0.0)
     with pytest.raises(ValueError, match="clip_range"):
-        grpo_loss(z, z, z, mean, None, z, 0.0, 0.0)
+        grpo_loss(z, z, z, mean=mean, ref_mean=None, std_kl=z, clip_range=0.0, beta=0.0)
