@@ -163,7 +163,7 @@ def masked_mean(mask, dtype):
 
 @torch.no_grad()
 def loss_stats(ratio, logp, logp_old, kl, policy_loss, *, clip_range, mask, avg):
-    """The logged statistics of one step's loss (README, 'Logged metrics'), means over the counted rows: clip_frac,
+    """The logged statistics of one step's loss (docs/metrics.md), means over the counted rows: clip_frac,
     approx_kl, kl, policy_loss, ratio_mean, ratio_min, ratio_max (detached float32 scalars)."""
     counted = torch.ones_like(ratio, dtype=torch.bool) if mask is None else mask  # (n,)
     any_row = counted.any()

@@ -62,13 +62,8 @@ class EMA:
     @torch.no_grad()
     def step(self):
         """Call once after every optimizer step."""
-        # DEVIATION: the demo code (as Flow-GRPO) calls ema.step(params, global_step) after every training
-        # micro-batch, and the micro-batch that ends an optimizer step has already advanced the counter: each
-        # counter value is seen once per micro-batch of an optimizer step, 2 times in its SD3.5-M configs and 6 in
-        # its FLUX.1-dev ones, and the first move comes after 7 optimizer steps, not 8. After 80 optimizer steps the
-        # initial weights keep ~0.5% (SD3.5-M) or ~1e-7 (FLUX.1-dev) of the demo's average, 7% of ours. We move it
-        # once per optimizer step, because an average over optimizer steps should not depend on how a step is split
-        # into micro-batches.
+        # DEVIATION: one move per optimizer step, however it is split into micro-batches; the demo code moves it
+        # per micro-batch, one step early (docs/deviations.md, 'EMA updates').
         s = self.steps  # the index of the optimizer step just taken
         self.steps += 1
         if self.decay > 0 and (s + 1) % self.every == 0:

@@ -191,14 +191,8 @@ def setup(cfg: Config) -> Run:
     resume_from = find_checkpoint(cfg) if cfg.resume else ""
     try:
         train_set, eval_set = config.load_prompt_set(cfg.prompts), config.load_prompt_set(cfg.eval_prompts)
-        # DEVIATION: the demo code launches DeepSpeed ZeRO-2, which holds the whole transformer, LoRA included, in
-        # fp16 (SD3.5-M) or bf16 (FLUX.1-dev) with float32 master copies in the optimizer and no autocast; its
-        # sampler rounds the latents to that dtype after every step and feeds SD3 fp16 timesteps (float32 in
-        # training). We store the frozen base in the autocast dtype (bf16 by default: it cannot overflow where fp16
-        # can), train float32 LoRA weights under autocast, and keep latents float32 and one timestep dtype in both
-        # passes, so that training recomputes the sampling pass's velocities exactly (train/first_ratio_dev). Under
-        # configs/deepspeed_zero2.yaml DeepSpeed casts our LoRA weights to bf16 as well. The VAE decodes in float32
-        # in both (docs/method.md, 'SD3.5-Medium hyperparameters').
+        # DEVIATION: frozen base in the autocast dtype, float32 LoRA under autocast, float32 latents, one timestep
+        # dtype in both passes; the demo code runs all in fp16/bf16 under ZeRO-2 (docs/deviations.md, 'Precision').
         weight_dtype = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision]
         pipe = models.load_pipeline(cfg.model, weight_dtype, accelerator.device)
         reward_fn = rewards.load_rewards(config.parse_weights(cfg.rewards), accelerator.device,
@@ -241,7 +235,7 @@ def compiled_policy(policy, cfg: Config) -> models.CompiledTransformer:
     """The policy compiled for sampling, completions and evaluation (--compile), in calls of a fixed number of
     images: by default one rollout call's, sample_batch (x2 with CFG: SD3 stacks the negative prompt's half), so
     the wavefront's calls of n(1 + live) trajectories split into whole chunks and need no padding; evaluation's
-    batches are padded to it. One graph then serves the run (the README's compile section)."""
+    batches are padded to it. One graph then serves the run (docs/gpu.md, 'Compiling the transformer')."""
     cfg_pair = 2 if cfg.guidance > 1 and not models.is_flux(policy) else 1
     return models.CompiledTransformer(policy, cfg.compile_rows or cfg.sample_batch * cfg_pair, cfg.compile_backend)
 
@@ -349,11 +343,8 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
     # Flow-GRPO's filter: a trajectory whose advantage is 0 at every window step has no policy gradient, so it is
     # left out of the loss's means (docs/method.md, 'The clipped loss').
     zero_adv = (adv == 0).all(1).cpu()  # (n,)
-    # DEVIATION: upstream drops these rows and re-batches the rest into the same number of smaller micro-batches,
-    # padding the kept count with random dropped rows (which then count in the means, with their KL); we mask them,
-    # so that no padding row enters the loss and the micro-batches keep their configured size, at the price of the
-    # masked rows' forward and backward passes. The demo's FLUX baseline and Flow-GRPO's train_flux.py do not
-    # filter; we do for every algorithm (--drop-zero-adv; README, deviations).
+    # DEVIATION: masked, not dropped and re-batched with padding rows as upstream, and for every algorithm
+    # (--drop-zero-adv; docs/deviations.md, 'Zero-advantage samples').
     mask = ~zero_adv if cfg.drop_zero_adv else None  # (n,) rows that count, or None: all
     if mask is not None:
         order = grpo.spread_kept(order, mask, cfg.train_batch)
@@ -387,7 +378,7 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
 
 def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: torch.Tensor, *, finals: dict,
                   train_stats: dict, nfe: int, timer: dict) -> dict[str, float]:
-    """Step 5: the iteration's metrics (the README's metrics table explains each). R_all (N, W+1 or 1), kept /
+    """Step 5: the iteration's metrics (docs/metrics.md explains each). R_all (N, W+1 or 1), kept /
     detected turning points (N, W), finals: the reward's parts, nfe: all processes' evaluations, timer: seconds."""
     cfg, W = run.cfg, run.cfg.window
     r_sde = R_all[:, -1]  # (N,) in groups of G consecutive rows (assign_credit)
@@ -530,7 +521,7 @@ def decode_and_score(run: Run, latents: torch.Tensor, prompts: list[str], metada
 
 
 class UpdateStats:
-    """The training statistics of one iteration (README, 'Logged metrics'): grpo_loss's statistics and the loss as
+    """The training statistics of one iteration (docs/metrics.md): grpo_loss's statistics and the loss as
     means over every counted (row, window step) of the iteration; the same for the first micro-batch alone
     ("first_"), which trains before any optimizer step, so its ratio rho must be 1 up to the numerics
     (first_ratio_dev, max |rho - 1| over all its rows, counted or not, checks the on-policy recomputation); the
