@@ -22,11 +22,18 @@ width, P pooled width. A latent is (C, h, w) for SD3 and FLUX's packed tokens (h
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import string
 from contextlib import nullcontext
 from dataclasses import dataclass
+
+# diffusers' FLUX pipeline and IP-adapter loader import transformers' CLIPImageProcessor and SiglipImageProcessor
+# (for IP-adapters, which we never use); without torchvision, transformers swaps in their PIL versions and says so at
+# every start, a line no user can act on. That one message is dropped, before diffusers is imported below.
+logging.getLogger("transformers.utils.import_utils").addFilter(
+    lambda record: "requires torchvision (not installed); falling back to" not in record.getMessage())
 
 import numpy as np
 import torch

@@ -210,7 +210,10 @@ def setup(cfg: Config) -> Run:
     ema = EMA(params, cfg.ema_decay, cfg.ema_every) if cfg.ema_decay > 0 else None
     register_trainable_only_hooks(accelerator)
     ddp_policy, optimizer = accelerator.prepare(transformer, optimizer)
-    policy = accelerator.unwrap_model(ddp_policy)  # sampling and the reference pass need no DDP sync
+    # sampling and the reference pass call the transformer itself, without DDP's sync: DDP and DeepSpeed only wrap
+    # it (as .module). accelerator.unwrap_model would return it too, but imports deepspeed wherever it is installed,
+    # and that import prints an accelerator notice on every CPU run.
+    policy = transformer
     reference = (lambda: reference_policy(policy)) if ref_model is None else (lambda: contextlib.nullcontext(ref_model))
     step_loss = WindowStepLoss(reference, sampler=cfg.sampler, noise_level=cfg.noise_level, guidance=cfg.guidance,
                                clip_range=cfg.clip_range, beta=cfg.beta, autocast=accelerator.autocast)
