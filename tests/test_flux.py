@@ -178,9 +178,9 @@ def test_evaluate_on_a_saved_tiny_flux_folder(trained, tmp_path):
     model = str(tmp_path / "tiny-flux")
     models.tiny_flux_pipeline().save_pretrained(model)  # a local folder: model_index.json names FluxPipeline
     checkpoint = os.path.join(trained[1], "checkpoints", "iter-000002")
-    summary = evaluate.main(["--task", "pickscore-flux", "--model", model, "--prompts", "toy:heldout",
+    summary = evaluate.main(["--task", "pickscore-flux", "--model", model, "--eval-prompts", "toy:heldout",
                              "--rewards", "jpeg_compressibility:1", "--checkpoint", checkpoint, "--ema",
-                             "--samples", "3", "--steps", "2", "--output", str(tmp_path / "eval")])
+                             "--eval-samples", "3", "--eval-steps", "2", "--output-dir", str(tmp_path / "eval")])
     written = json.load(open(tmp_path / "eval" / "eval.json"))
     assert written["samples"] == 3 and written["guidance"] == 3.5 and len(written["per_image"]["reward"]) == 3
     assert math.isfinite(summary["reward"]) and os.path.getsize(tmp_path / "eval" / "grid.png") > 0

@@ -246,8 +246,8 @@ def test_two_processes_train_in_sync(tmp_path):
     ev = str(tmp_path / "eval")
     checkpoint = os.path.join(out, "checkpoints", "iter-000002")
     proc = _launch_two([os.path.join(ROOT, "evaluate.py"), "--task", "tiny", "--model", "tiny", "--rewards",
-                        "jpeg_compressibility:1", "--checkpoint", checkpoint, "--samples", "5", "--output", ev,
-                        "--steps", "4"])
+                        "jpeg_compressibility:1", "--checkpoint", checkpoint, "--eval-samples", "5", "--output-dir", ev,
+                        "--eval-steps", "4"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = json.load(open(os.path.join(ev, "eval.json")))
     assert written["samples"] == 5 and all(torch.isfinite(torch.tensor(v)) for v in written.values()
@@ -255,8 +255,8 @@ def test_two_processes_train_in_sync(tmp_path):
     assert len(written["per_image"]["reward"]) == 5  # the padded duplicate dropped out
     assert os.path.getsize(os.path.join(ev, "grid.png")) > 0
     single = evaluate.main(["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1",
-                            "--checkpoint", checkpoint, "--samples", "5", "--output", str(tmp_path / "ev1"),
-                            "--steps", "4"])
+                            "--checkpoint", checkpoint, "--eval-samples", "5", "--output-dir", str(tmp_path / "ev1"),
+                            "--eval-steps", "4"])
     assert abs(single["reward"] - written["reward"]) < 1e-5  # the same 5 images, however many processes
 
 
