@@ -5,7 +5,7 @@ Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 
   (a) Flow-GRPO rollout: T transformer calls, T evaluations per trajectory, no completion.
   (b) TP-GRPO as the authors' demo code lays it out: the rollout, a separate pure-ODE run for R_0, then one ODE
       completion per window state, one after the other (sampler.complete_naive): 64 evaluations for T=10, W=9.
-  (c) TP-GRPO batched (sampler.rollout(complete=True)): the wavefront, 55 evaluations in T calls; with --judges,
+  (c) TP-GRPO batched (sampler.wavefront_rollout): the wavefront, 55 evaluations in T calls; with --judges,
       (c) again for each cheaper judge of the window states (docs/method.md, 'Cheaper judges'): ode:K, x0.
   (d) decoding n latents with the VAE in float32 (what train.py does, as the demo code), and (d') in bf16 for
       comparison: TP-GRPO decodes W+1 images per trajectory.

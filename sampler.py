@@ -186,9 +186,10 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
     counter = EvalCounter()
     x = x_T.float()  # (n, C, h, w)
     states, log_probs = [], []
-    for i in range(steps):
+    for i in range(steps):  # Algorithm 1: from sigma_0 = 1 down to sigma_T = 0
         v = velocity(transformer, x, timesteps[i].expand(n), cond, guidance_scale, counter)  # (n, C, h, w)
-        if w0 <= i < w0 + window:  # window step k = i - w0 + 1: s_{k-1} -> s_k, sampled, with log p(s_k | s_{k-1})
+        if w0 <= i < w0 + window:
+            # window step k = i - w0 + 1: s_k ~ p(. | s_{k-1}), and log p(s_k | s_{k-1}) for the PPO ratio (Sec. 3)
             states.append(x)
             out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
                                   noise=draw_noise(generators, x.shape[1:], x.device))
@@ -211,7 +212,7 @@ def ode_complete(transformer, x: torch.Tensor, start: int, cond: Cond, *, sigmas
     x = x.float()
     grid = completion_grid(start, len(timesteps), completion_steps)
     for i, i_next in zip(grid[:-1], grid[1:]):
-        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter)
+        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter)  # (n, C, h, w)
         x = ode_step(x, v, sigmas[i], sigmas[i_next])  # (n, C, h, w)
     return x
 

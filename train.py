@@ -7,9 +7,9 @@ each a function with its paper reference, then logging, evaluation and checkpoin
   setup            processes, the B x G layout, the pipeline + LoRA (policy.py), optimizer, EMA, rewards, prompts
   per iteration:
   1. sample        draw B prompts; each process samples its share of the B x G trajectories (a group's members are
-                   spread over the processes), stochastic only inside the SDE window (sampler.rollout), and for
-                   TP-GRPO / incremental ODE-completes every window state in the same batched calls (Sec. 4.1;
-                   docs/method.md, 'The batched wavefront');
+                   spread over the processes), stochastic only inside the SDE window, and for TP-GRPO /
+                   incremental ODE-completes every window state in the same batched calls (Sec. 4.1; docs/method.md,
+                   'The batched wavefront': sampler.wavefront_rollout, the fast path of sampler.rollout);
   2. score         decode and score every completion: R_k = R(ODE-complete(s_k)), R (n, W+1), column W = R_sde
                    (Flow-GRPO: R_sde only);
   3. assign_credit gather R over processes; per-step rewards with turning points (turning_points.step_rewards,
