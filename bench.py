@@ -5,7 +5,7 @@ Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 
   (a) Flow-GRPO rollout: T transformer calls, T evaluations per trajectory, no completion.
   (b) TP-GRPO as the authors' demo code lays it out: the rollout, a separate pure-ODE run for R_0, then one ODE
       completion per window state, one after the other (sampler.complete_naive): 64 evaluations for T=10, W=9.
-  (c) TP-GRPO batched (sampler.rollout(complete=True)): the wavefront, 55 evaluations in T calls; with --judges,
+  (c) TP-GRPO batched (sampler.wavefront_rollout): the wavefront, 55 evaluations in T calls; with --judges,
       (c) again for each cheaper judge of the window states (docs/method.md, 'Cheaper judges'): ode:K, x0.
   (d) decoding n latents with the VAE in float32 (what train.py does, as the demo code), and (d') in bf16 for
       comparison: TP-GRPO decodes W+1 images per trajectory.
@@ -129,12 +129,13 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
         gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(n)])
         x_T = S.draw_noise(gens, shape, args.device)  # (n, C, h, w)
         with autocast():
-            ro = S.rollout(transformer, cond, x_T, gens, sigmas, timesteps, 0, args.window, args.noise_level,
-                           "cps", args.guidance, complete=complete, chunk_size=args.chunk_size,
-                           completion_steps=S.completion_steps(judge))
+            ro = S.wavefront_rollout(transformer, cond, x_T, gens, sigmas=sigmas, timesteps=timesteps, w0=0,
+                                     window=args.window, noise_level=args.noise_level, kind="cps",
+                                     guidance_scale=args.guidance, complete=complete, chunk_size=args.chunk_size,
+                                     completion_steps=S.completion_steps(judge))
             counter = models.EvalCounter(ro.counter.nfe, ro.counter.calls)
             if naive:
-                S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter)
+                S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter=counter)
         return counter, ro
 
     rows, ro = {}, None
@@ -176,16 +177,18 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
 
     params = [p for p in pipe.transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
-    step_loss = policy.WindowStepLoss(lambda: policy.reference_policy(pipe.transformer), cfg.sampler, cfg.noise_level,
-                                      cfg.guidance, cfg.clip_range, cfg.beta, autocast)
+    step_loss = policy.WindowStepLoss(lambda: policy.reference_policy(pipe.transformer), sampler=cfg.sampler,
+                                      noise_level=cfg.noise_level, guidance=cfg.guidance, clip_range=cfg.clip_range,
+                                      beta=cfg.beta, autocast=autocast)
 
     @torch.enable_grad()
     def train_step():
         pipe.transformer.train()
         for k in range(cfg.window):
             t = timesteps[k].expand(n)  # (n,)
-            loss, _, _ = step_loss(pipe.transformer, ro.states[:, k], ro.states[:, k + 1], t, cond, sigmas[k],
-                                   sigmas[k + 1], ro.log_probs[:, k], torch.randn(n, device=args.device))
+            loss, _, _ = step_loss(pipe.transformer, ro.states[:, k], ro.states[:, k + 1], t=t, cond=cond,
+                                   sigma=sigmas[k], sigma_next=sigmas[k + 1], logp_old=ro.log_probs[:, k],
+                                   adv=torch.randn(n, device=args.device))
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

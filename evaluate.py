@@ -11,11 +11,11 @@ ImageReward and UnifiedReward (quality.py) of any checkpoint, whatever task it w
 
   python evaluate.py --task tiny --checkpoint runs/tiny/checkpoints/iter-000030
   accelerate launch evaluate.py --task geneval --checkpoint runs/geneval/checkpoints/iter-001000 --ema
-  python evaluate.py --task pickscore --checkpoint none --samples 2048    # the base model
+  python evaluate.py --task pickscore --checkpoint none --eval-samples 2048    # the base model
   accelerate launch evaluate.py --task drawbench --checkpoint runs/pickscore/checkpoints/iter-001000 --ema \
       --model-paths aesthetic=sac+logos+ava1-l14-linearMSE.pth
 
-Writes OUTPUT/eval.json (mean, std, standard error per metric, and every image's values) and OUTPUT/grid.png;
+Writes OUTPUT_DIR/eval.json (mean, std, standard error per metric, and every image's values) and OUTPUT_DIR/grid.png;
 prints a table. A metric that gives no value for an image (NaN: UnifiedReward's answer without a score) is left out
 of its mean and counted in <metric>_failed; eval.json writes it as null.
 
@@ -48,7 +48,7 @@ import sampler as S
 GRID_IMAGES = 32  # evaluation images shown in the grid picture (grid.png, train.py's samples_<tag>.png)
 
 
-def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, samples: int, steps: int,
+def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, *, samples: int, steps: int,
                      guidance: float, resolution: int, max_sequence_length: int, batch: int, accelerator=None,
                      transformer=None, seed: int = config.EVAL_SEED):
     """Generate `samples` images (prompt i mod len, noise seed (seed, i)) split over processes, score them
@@ -64,8 +64,9 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
     prm = [prompts[i % len(prompts)] for i in mine]
     meta = [metadata[i % len(prompts)] for i in mine]
     seeds = [S.member_seed(seed, 0, i, 0) for i in mine]
-    images = S.generate(pipe, prm, seeds, steps, guidance, resolution, max_sequence_length, batch,
-                        transformer)  # (m, 3, H, W)
+    images = S.generate(pipe, prm, seeds, steps=steps, guidance_scale=guidance, resolution=resolution,
+                        max_sequence_length=max_sequence_length, batch_size=batch,
+                        transformer=transformer)  # (m, 3, H, W)
     values = {}
     for start in range(0, len(mine), batch):
         sl = slice(start, start + batch)
@@ -229,24 +230,26 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--checkpoint", required=True, help="train.py checkpoint folder, a LoRA folder, or 'none'")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights (lora_ema/)")
     p.add_argument("--model", help="override the preset's base model")
-    p.add_argument("--prompts", help="override the preset's evaluation prompts (.txt or GenEval .jsonl)")
+    # the flags train.py also has are named as there (config.py) and mean the same evaluation setting
+    p.add_argument("--eval-prompts", help="override the preset's evaluation prompts (.txt or GenEval .jsonl)")
     p.add_argument("--rewards", help="override the metrics, 'name:w,...' (rewards.py)")
-    p.add_argument("--samples", type=int, help="number of images (prompts cycled)")
-    p.add_argument("--steps", type=int, help="ODE steps")
-    p.add_argument("--guidance", type=float, help="CFG scale")
+    p.add_argument("--eval-samples", type=int, help="number of images (prompts cycled)")
+    p.add_argument("--eval-steps", type=int, help="ODE steps")
+    p.add_argument("--eval-guidance", type=float, help="CFG scale")
     p.add_argument("--resolution", type=int, help="image side in pixels (the tiny test models need 32)")
     p.add_argument("--model-paths", default="", help="reward models' local files or folders, 'key=path,...' with "
                    "the keys of rewards.DEFAULT_MODELS (e.g. aesthetic=sac+logos+ava1-l14-linearMSE.pth, "
                    "imagereward=DIR, unifiedreward=DIR); others come from the hub")
-    p.add_argument("--batch", type=int, default=16, help="images per sampling/reward call")
-    p.add_argument("--output", help="folder for eval.json and grid.png (default: next to the checkpoint)")
+    p.add_argument("--reward-batch", type=int, default=16, help="images per sampling/reward call")
+    p.add_argument("--output-dir", help="folder for eval.json and grid.png (default: next to the checkpoint)")
     args = p.parse_args(argv)
     if args.task not in config.PRESETS:
         p.error(f"unknown task '{args.task}'; choose one of {', '.join(config.PRESETS)}")
     cfg = config.Config(**dict(config.PRESETS[args.task], task=args.task))
     model = args.model or cfg.model
-    steps, guidance = args.steps or cfg.eval_steps, args.guidance if args.guidance is not None else cfg.eval_guidance
-    samples = args.samples or cfg.eval_samples
+    steps = args.eval_steps or cfg.eval_steps
+    guidance = args.eval_guidance if args.eval_guidance is not None else cfg.eval_guidance
+    samples = args.eval_samples or cfg.eval_samples
     resolution = args.resolution or cfg.resolution
     try:
         model_paths = config.parse_model_paths(args.model_paths)
@@ -255,12 +258,12 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(model_paths) - set(rewards.DEFAULT_MODELS))
     if unknown:
         p.error(f"unknown --model-paths key(s) {unknown}; known: {', '.join(sorted(rewards.DEFAULT_MODELS))}")
-    out = args.output or (os.path.join(args.checkpoint, "eval") if args.checkpoint != "none"
+    out = args.output_dir or (os.path.join(args.checkpoint, "eval") if args.checkpoint != "none"
                           else os.path.join(cfg.output_dir, "eval_base"))
 
     accelerator = Accelerator()
     try:
-        prompts, metadata = config.load_prompt_set(args.prompts or cfg.eval_prompts)
+        prompts, metadata = config.load_prompt_set(args.eval_prompts or cfg.eval_prompts)
         if args.checkpoint != "none" and not os.path.isdir(args.checkpoint):
             raise ValueError(f"checkpoint '{args.checkpoint}' is not a folder; pass one written by train.py")
         dtype = torch.bfloat16 if accelerator.device.type == "cuda" else torch.float32
@@ -268,12 +271,13 @@ def main(argv: list[str] | None = None) -> dict:
         if args.checkpoint != "none":
             load_checkpoint_weights(pipe, args.checkpoint, args.ema)
         reward_fn = rewards.load_rewards(config.parse_weights(args.rewards or cfg.rewards), accelerator.device,
-                                         model_paths=model_paths, batch_size=args.batch)
+                                         model_paths=model_paths, batch_size=args.reward_batch)
     except (models.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
-    seed = config.eval_seed_for(args.prompts or cfg.eval_prompts, cfg.eval_seed)  # toy:validation has its own
-    result = sample_and_score(pipe, prompts, metadata, reward_fn, samples, steps, guidance, resolution,
-                              cfg.max_sequence_length, args.batch, accelerator, seed=seed)
+    seed = config.eval_seed_for(args.eval_prompts or cfg.eval_prompts, cfg.eval_seed)  # toy:validation has its own
+    result = sample_and_score(pipe, prompts, metadata, reward_fn, samples=samples, steps=steps, guidance=guidance,
+                              resolution=resolution, max_sequence_length=cfg.max_sequence_length,
+                              batch=args.reward_batch, accelerator=accelerator, seed=seed)
     summary = result["summary"]
     if accelerator.is_main_process:
         os.makedirs(out, exist_ok=True)

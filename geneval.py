@@ -114,8 +114,8 @@ def geneval_judge(objects, metadata, position_threshold=GENEVAL_POSITION_THRESHO
     partial (Flow-GRPO's evaluate_reward): mean over requirement terms: per include 1 - |count - found| / count
     (negative when more than 2 * count are found, as in Flow-GRPO); if found == count, its colour term
     1 - |count - matching| / count and position term 1/0; if found != count, one 0 for its colour/position.
-    DEVIATION from Flow-GRPO, whose loop appends 1.0 even after a failed position check (a failure adds the two
-    terms 0 and 1), because the term is meant to say whether the position is met: we add one term, 1 or 0.
+    DEVIATION: a failed position check adds one term, 0 (the term says whether the position is met); Flow-GRPO's
+    loop adds 0, then 1 (docs/deviations.md, 'GenEval').
     """
     correct, terms, met_groups, partial_groups = True, [], [], []
     for req in metadata.get("include", []):

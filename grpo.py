@@ -7,7 +7,8 @@ penalty to the reference policy. The formulas, in our words: docs/method.md, 'Th
 
 Shape legend: B prompts, G group size, N = B*G trajectories (all processes gathered), W window steps,
 n samples of one micro-batch, C/h/w latent channels/height/width (docs/method.md, 'Notation').
-  rewards, advantages (N, W) | group (N,) prompt-group id per row (any integers, rows of a group anywhere)
+  rewards, advantages (N, W) in B groups of G consecutive rows (train.assign_credit: trajectory j is member
+  j % G of group j // G), viewed as (B, G, W)
   grpo_loss: logp, logp_old, advantages, std_kl (n,) for one window step; mean, ref_mean (n, C, h, w)
 
 Run: pure tensor functions (any device; float32 or float64 kept as given); tested by
@@ -34,67 +35,60 @@ def _check_values(x, name):
     return x
 
 
-def group_ids(group, n, device):
-    """Map arbitrary integer group ids (N,) to 0..n_groups-1 (also used by turning_points.py). Returns (ids (N,) long,
-    n_groups)."""
-    if (not isinstance(group, torch.Tensor) or group.shape != (n,) or group.is_floating_point()
-            or group.is_complex() or group.dtype == torch.bool):
-        shape = tuple(group.shape) if isinstance(group, torch.Tensor) else type(group).__name__
-        raise ValueError(f"group must be an integer tensor of shape ({n},) (one prompt id per row), got {shape}")
-    uniq, ids = torch.unique(group.to(device), return_inverse=True)  # (n_groups,), (N,)
-    return ids, uniq.numel()
+def _check_group_size(G, n):
+    if not isinstance(G, int) or G < 1 or n % G:
+        raise ValueError(f"the group size G = {G!r} must be a positive integer dividing the {n} rows (groups of G "
+                         f"consecutive rows)")
 
 
-def _group_stats(x, ids, n_groups):
-    """Per group and column: mean, population std and "all members equal", each (n_groups, W)."""
-    W = x.shape[1]
-    count = torch.bincount(ids, minlength=n_groups).to(x.dtype)[:, None]  # (n_groups, 1)
-    mean = x.new_zeros(n_groups, W).index_add_(0, ids, x) / count  # (n_groups, W)
-    # Two passes (center first) for accuracy; ddof = 0: divide by the group size G, not G - 1.
-    centered = x - mean.index_select(0, ids)  # (N, W)
-    std = (x.new_zeros(n_groups, W).index_add_(0, ids, centered.square()) / count).sqrt()  # (n_groups, W)
-    index = ids[:, None].expand(-1, W)  # (N, W)
-    lo = x.new_zeros(n_groups, W).scatter_reduce_(0, index, x, "amin", include_self=False)  # (n_groups, W)
-    hi = x.new_zeros(n_groups, W).scatter_reduce_(0, index, x, "amax", include_self=False)  # (n_groups, W)
-    return mean, std, lo == hi
+def group_stats(x, G):
+    """x (N, W) in groups of G consecutive rows -> per group and column: mean, population std and "all members
+    equal", each (B, 1, W), ready to broadcast against x.view(B, G, W)."""
+    members = x.view(-1, G, x.shape[1])  # (B, G, W)
+    # mean_g = (1/G) sum of the G members, added member after member: torch's .sum(1) adds in another order, and a
+    # last bit moved in an advantage would keep earlier runs (lab/results) from reproducing bit for bit
+    mean = sum(members.unbind(1))[:, None] / G  # (B, 1, W)
+    # population std (ddof = 0: divide by G, not G - 1), in two passes (centred first) for accuracy
+    std = (sum((members - mean).square().unbind(1))[:, None] / G).sqrt()  # (B, 1, W)
+    constant = members.amin(1, keepdim=True) == members.amax(1, keepdim=True)  # (B, 1, W)
+    return mean, std, constant
 
 
-def per_timestep_advantages(rewards, group, clip=5.0):
-    """A (N, W): each window step normalized separately within each prompt group, then clipped to +-clip."""
+def per_timestep_advantages(rewards, G, clip=5.0):
+    """A (N, W): each window step normalized separately within each prompt group of G consecutive rows, then
+    clipped to +-clip. rewards (N, W), or (N,) for one step."""
     rewards = _check_values(rewards, "rewards")
     if not clip > 0:
         raise ValueError(f"clip must be > 0 (advantages are clipped to [-clip, clip]), got {clip}")
+    _check_group_size(G, rewards.shape[0])
     x = rewards if rewards.dim() == 2 else rewards[:, None]  # (N, W)
-    ids, n_groups = group_ids(group, x.shape[0], x.device)  # (N,)
-    mean, std, constant = _group_stats(x, ids, n_groups)  # (n_groups, W) each
+    mean, std, constant = group_stats(x, G)  # (B, 1, W) each
+    members = x.view(-1, G, x.shape[1])  # (B, G, W)
     # Sec. 4.3: A_{i,k} = (r_{i,k} - mean_g r_{.,k}) / (std_g r_{.,k} + 1e-4), population std over the group
-    # (index_select rather than mean[ids]: advanced indexing was ~1000x slower on a loaded 2-core CPU)
-    adv = (x - mean.index_select(0, ids)) / (std.index_select(0, ids) + EPS_STD)  # (N, W)
+    adv = (members - mean) / (std + EPS_STD)  # (B, G, W)
     # A group whose members all got the same reward carries no signal: exactly 0 (the float mean of equal
     # values can miss them by an ulp, e.g. three float32 0.9s, which would leave an advantage of ~6e-4).
-    adv = torch.where(constant.index_select(0, ids), torch.zeros_like(adv), adv)  # (N, W)
-    adv = adv.clamp(-clip, clip)  # (N, W)
+    adv = torch.where(constant, torch.zeros_like(adv), adv).clamp(-clip, clip).view_as(x)  # (N, W)
     return adv if rewards.dim() == 2 else adv[:, 0]
 
 
-def flow_grpo_advantages(r_sde, group, num_steps, clip=5.0):
+def flow_grpo_advantages(r_sde, G, num_steps, clip=5.0):
     """Flow-GRPO baseline, (N, num_steps): one group normalization of R_sde (N,), copied to every window step."""
     if not isinstance(r_sde, torch.Tensor) or r_sde.dim() != 1 or num_steps < 1:
         shape = tuple(r_sde.shape) if isinstance(r_sde, torch.Tensor) else type(r_sde).__name__
         raise ValueError(f"r_sde must be (N,) and num_steps >= 1, got {shape} and {num_steps}")
     # A_{i,k} = (R_sde_i - mean_g R_sde) / (std_g R_sde + 1e-4) at every window step k
-    adv = per_timestep_advantages(r_sde, group, clip)  # (N,)
+    adv = per_timestep_advantages(r_sde, G, clip)  # (N,)
     return adv[:, None].expand(-1, num_steps).clone()  # (N, W)
 
 
-def zero_std_fraction(values, group):
-    """Fraction of (group, column) cells whose members all have the same value.
-
-    A logged diagnostic (docs/method.md, 'The clipped loss')."""
+def zero_std_fraction(values, G):
+    """Fraction of (group, column) cells whose members all have the same value; values (N,) or (N, W) in groups of
+    G consecutive rows. A logged diagnostic (docs/method.md, 'The clipped loss')."""
     values = _check_values(values, "values")
+    _check_group_size(G, values.shape[0])
     x = values if values.dim() == 2 else values[:, None]  # (N, W)
-    ids, n_groups = group_ids(group, x.shape[0], x.device)  # (N,)
-    return _group_stats(x, ids, n_groups)[2].float().mean()
+    return group_stats(x, G)[2].float().mean()
 
 
 def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Tensor:
@@ -116,7 +110,7 @@ def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Te
     return torch.cat(parts)  # (n,)
 
 
-def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask=None):
+def grpo_loss(logp, logp_old, advantages, *, mean, ref_mean, std_kl, clip_range, beta, mask=None):
     """Clipped surrogate plus KL for one window step of a micro-batch (docs/method.md, 'The clipped loss').
     Returns (loss, stats).
 
@@ -125,11 +119,12 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
     policy's mean (n, C, h, w), or None when beta = 0; std_kl (n,): the std the KL divides by (`kl_to_reference`).
     clip_range: the ratio clip eps; beta: the KL weight (docs/method.md, 'SD3.5-Medium hyperparameters').
     mask (n,) bool, or None for all rows: the rows that count (Flow-GRPO's zero-advantage filter, which train.py
-    applies as a mask instead of re-batching; README, deviations). The loss and every statistic are means over them
-    alone; a micro-batch with no such row gives loss 0, still connected to the
-    graph so that its backward pass runs. stats: `loss_stats`.
+    applies as a mask instead of re-batching; docs/deviations.md, 'Zero-advantage samples'). The loss and every
+    statistic are means over them alone; a micro-batch with no such row gives loss 0, still connected to the graph so
+    that its backward pass runs. stats: `loss_stats`.
     """
-    _check_loss_inputs(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask)
+    _check_loss_inputs(logp, logp_old, advantages, mean=mean, ref_mean=ref_mean, std_kl=std_kl,
+                       clip_range=clip_range, beta=beta, mask=mask)
     avg = masked_mean(mask, logp.dtype)
     # rho = exp(log pi_theta(x' | x) - log pi_old(x' | x))
     ratio = torch.exp(logp - logp_old)  # (n,)
@@ -141,7 +136,7 @@ def grpo_loss(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, be
     kl = torch.zeros_like(std_kl) if ref_mean is None else kl_to_reference(mean, ref_mean, std_kl)  # (n,)
     # total = mean(L) + beta * mean(KL)
     loss = policy_loss + beta * avg(kl) if beta != 0 else policy_loss
-    return loss, loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range, mask, avg)
+    return loss, loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range=clip_range, mask=mask, avg=avg)
 
 
 def kl_to_reference(mean, ref_mean, std_kl):
@@ -167,8 +162,8 @@ def masked_mean(mask, dtype):
 
 
 @torch.no_grad()
-def loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range, mask, avg):
-    """The logged statistics of one step's loss (README, 'Logged metrics'), means over the counted rows: clip_frac,
+def loss_stats(ratio, logp, logp_old, kl, policy_loss, *, clip_range, mask, avg):
+    """The logged statistics of one step's loss (docs/metrics.md), means over the counted rows: clip_frac,
     approx_kl, kl, policy_loss, ratio_mean, ratio_min, ratio_max (detached float32 scalars)."""
     counted = torch.ones_like(ratio, dtype=torch.bool) if mask is None else mask  # (n,)
     any_row = counted.any()
@@ -185,7 +180,7 @@ def loss_stats(ratio, logp, logp_old, kl, policy_loss, clip_range, mask, avg):
     return {k: v.detach().float() for k, v in stats.items()}
 
 
-def _check_loss_inputs(logp, logp_old, advantages, mean, ref_mean, std_kl, clip_range, beta, mask):
+def _check_loss_inputs(logp, logp_old, advantages, *, mean, ref_mean, std_kl, clip_range, beta, mask):
     """One line naming the first argument of grpo_loss that does not fit (shapes, the KL's reference, the clip)."""
     n = logp.shape[0] if isinstance(logp, torch.Tensor) and logp.dim() == 1 else None
     for name, x in (("logp", logp), ("logp_old", logp_old), ("advantages", advantages), ("std_kl", std_kl)):

@@ -1,14 +1,14 @@
 """The two model families, SD3.5-Medium and FLUX.1-dev (paper Sec. 5 and appendix), behind one switch: everything
 sampler.py, policy.py and train.py need to know about a model. In order:
 
-  * loading a real pipeline, or one with random weights built here from configs (section 1: tiny ones for the CPU
-    tests, and SD3.5-M's / FLUX.1-dev's real shapes for GPU smoke tests and bench.py), with the same diffusers /
-    transformers classes,
-  * the latent shape (FLUX packs 2x2 patches of its 16-channel latents into tokens) and decoding with the VAE,
-  * the T-step sigma grid of the pipeline's own scheduler (SD3's static shift, FLUX's resolution-dependent one),
-  * prompt encoding and the guided velocity v(x, sigma, c) (SD3's true classifier-free guidance, FLUX's guidance
-    embedding), counting every network evaluation,
-  * the transformer compiled for calls of a fixed size (--compile).
+  1. loading a pipeline, the latent shape (FLUX packs 2x2 patches of its 16-channel latents into tokens) and
+     decoding with the VAE,
+  2. the T-step sigma grid of the pipeline's own scheduler (SD3's static shift, FLUX's resolution-dependent one),
+     prompt encoding and the guided velocity v(x, sigma, c) (SD3's true classifier-free guidance, FLUX's guidance
+     embedding), counting every network evaluation,
+  3. the transformer compiled for calls of a fixed size (--compile),
+  4. models built in code with random weights, with the same diffusers / transformers classes: tiny ones for the CPU
+     tests ("tiny", "tiny-flux"), and SD3.5-M's and FLUX.1-dev's real shapes for GPU smoke tests and bench.py.
 
 `is_flux(pipe or transformer)` is the switch (docs/method.md, 'FLUX.1-dev'); from the velocity on, the sampler
 (steps, rollouts, completions), credit assignment, GRPO and the training loop are shared.
@@ -22,11 +22,18 @@ width, P pooled width. A latent is (C, h, w) for SD3 and FLUX's packed tokens (h
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import string
 from contextlib import nullcontext
 from dataclasses import dataclass
+
+# diffusers' FLUX pipeline and IP-adapter loader import transformers' CLIPImageProcessor and SiglipImageProcessor
+# (for IP-adapters, which we never use); without torchvision, transformers swaps in their PIL versions and says so at
+# every start, a line no user can act on. That one message is dropped, before diffusers is imported below.
+logging.getLogger("transformers.utils.import_utils").addFilter(
+    lambda record: "requires torchvision (not installed); falling back to" not in record.getMessage())
 
 import numpy as np
 import torch
@@ -36,165 +43,18 @@ from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer, T5Config,
                           T5EncoderModel, T5Tokenizer)
 
+# the paper's two models on the hub (models built in code instead: section 4)
 SD35_MEDIUM = "stabilityai/stable-diffusion-3.5-medium"
-RANDOM_SD35M = "random-sd35m"  # SD3.5-M's shapes with random weights, built in code (random_sd35m_pipeline)
-
-# SD3.5-Medium's published configs (stabilityai/stable-diffusion-3.5-medium, transformer/ and vae/config.json):
-# MMDiT-X, 24 blocks of width 24 x 64 = 1536, a second image-only attention (attn2) in blocks 0-12, RMS QK-norm;
-# 16 latent channels, 8x downsampling (512 px -> 64x64 latents). Text: CLIP-L (768) + CLIP-G (1280) pooled = 2048,
-# T5-XXL tokens of width 4096.
-SD35M_TRANSFORMER = dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
-                         attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
-                         caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
-                         dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
-SD35M_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-                 up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
-                 layers_per_block=2, latent_channels=16, norm_num_groups=32, sample_size=1024,
-                 scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False)
-# the text encoders at their real widths (CLIP-L/14, OpenCLIP bigG/14, T5 v1.1 XXL); random_sd35m_pipeline keeps
-# 2 layers of each
-SD35M_TEXT = dict(
-    clip=(dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, projection_dim=768,
-               hidden_act="quick_gelu"),
-          dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=20, projection_dim=1280,
-               hidden_act="gelu")),
-    t5=dict(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, relative_attention_num_buckets=32,
-            feed_forward_proj="gated-gelu"))
-
 FLUX_DEV = "black-forest-labs/FLUX.1-dev"
-RANDOM_FLUX_DEV = "random-flux-dev"  # FLUX.1-dev's shapes with random weights, built in code
-# FLUX.1-dev's published configs (black-forest-labs/FLUX.1-dev, transformer/, vae/ and scheduler/): 19 double-stream
-# blocks (separate image and text weights, joint attention) + 38 single-stream blocks, width 24 x 128 = 3072,
-# RoPE over (index, row, column) with 16 + 56 + 56 = 128 dims; patch_size 1 because the 2x2 patches are packed
-# outside the model (unpack); a guidance embedding. The VAE is SD3's architecture with other latent statistics.
-FLUX_DEV_TRANSFORMER = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-                            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
-                            guidance_embeds=True, axes_dims_rope=(16, 56, 56))
-FLUX_DEV_VAE = dict(SD35M_VAE, scaling_factor=0.3611, shift_factor=0.1159)
-FLUX_DEV_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_image_seq_len=256,
-                          max_image_seq_len=4096, base_shift=0.5, max_shift=1.15)
-# text: CLIP-L (its pooled vector only) and T5-XXL, the same encoders as SD3's first and third
-FLUX_DEV_TEXT = dict(clip=SD35M_TEXT["clip"][:1], t5=SD35M_TEXT["t5"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 1. Loading: a real SD3 or FLUX pipeline, or a random-weight one built from configs (same classes, same code path)
+# 1. Loading a real SD3 or FLUX pipeline (or one built in code, section 4), latents and decoding
 # ----------------------------------------------------------------------------------------------------------------
 
 
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message is one line saying which and how to fix it."""
-
-
-def tiny_text_stack(seed: int = 0, words: list[str] | None = None, width: int = 32, layers: int = 2,
-                    clip: tuple[dict, ...] | None = None, t5: dict | None = None, flux: bool = False):
-    """Two CLIP text encoders + a T5 with random weights and in-memory character tokenizers (no files, no download);
-    flux=True: FLUX's one CLIP (pooled output, no projection) + the T5, named as FluxPipeline names them.
-
-    SD3 needs: T5 d_model = joint_attention_dim = width, and the two CLIP projections concatenated
-    = pooled_projection_dim = width, so by default each CLIP projects to width // 2 (FLUX: its pooled_projection_dim
-    is the CLIP's hidden size, width // 2). `clip` (one dict per CLIP) and `t5`
-    replace those sizes (SD35M_TEXT, FLUX_DEV_TEXT: the real widths). `words` adds whole-word pieces (the
-    toy world's vocabulary) on top of the character-level fallback; T5's unigram model uses them, while CLIP's BPE
-    without merges still reads letter by letter (the shipped toy checkpoint was trained with exactly this vocabulary,
-    so it stays as it is).
-    """
-    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
-    clip_vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for piece in chars + [c + "</w>" for c in chars] + [w + "</w>" for w in (words or [])]:
-        clip_vocab.setdefault(piece, len(clip_vocab))
-    t5_pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)]
-    t5_pieces += [(c, -2.0) for c in chars] + [("\u2581" + c, -1.5) for c in chars]
-    t5_pieces += [("\u2581" + w, -0.5) for w in (words or [])]
-
-    tiny_clip = dict(hidden_size=width // 2, intermediate_size=width, num_attention_heads=2, projection_dim=width // 2,
-                     hidden_act="gelu")
-    t5 = t5 or dict(d_model=width, d_kv=8, d_ff=2 * width, num_heads=2, relative_attention_num_buckets=8)
-    torch.manual_seed(seed)
-    components = {}
-    clip_class = CLIPTextModel if flux else CLIPTextModelWithProjection
-    for name, sizes in zip(("", "_2"), clip or (tiny_clip,) * (1 if flux else 2)):
-        cfg = CLIPTextConfig(vocab_size=len(clip_vocab), num_hidden_layers=layers, max_position_embeddings=77,
-                             bos_token_id=0, eos_token_id=1, pad_token_id=1, **sizes)
-        components["text_encoder" + name] = clip_class(cfg).eval()
-        components["tokenizer" + name] = CLIPTokenizer(vocab=clip_vocab, merges=[], model_max_length=77,
-                                                       pad_token="<|endoftext|>")
-    t5_cfg = T5Config(vocab_size=len(t5_pieces), num_layers=layers, dropout_rate=0.0, pad_token_id=0,
-                      eos_token_id=1, decoder_start_token_id=0, **t5)
-    t5_name = "_2" if flux else "_3"  # FLUX's second text encoder is the T5
-    components["text_encoder" + t5_name] = T5EncoderModel(t5_cfg).eval()
-    components["tokenizer" + t5_name] = T5Tokenizer(vocab=t5_pieces, extra_ids=0)
-    return components
-
-
-def tiny_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
-    """A random-weight SD3 pipeline small enough for CPU tests: 16x16 px images, 4x8x8 latents, 2 blocks.
-
-    Every class is the real diffusers/transformers one, so the code after loading is the code that runs SD3.5-M.
-    """
-    width = 32
-    text = tiny_text_stack(seed, width=width)
-    torch.manual_seed(seed)
-    transformer = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2,
-                                        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=width,
-                                        caption_projection_dim=16, pooled_projection_dim=width,
-                                        pos_embed_max_size=16).eval()
-    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
-                        layers_per_block=1, norm_num_groups=4, sample_size=16, scaling_factor=1.5305,
-                        shift_factor=0.0609).eval()
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
-    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
-
-
-def random_sd35m_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
-    """SD3.5-Medium's transformer and VAE with random weights, and its three text encoders at their real widths with
-    2 layers each and in-memory tokenizers: the real code path and cost of SD3.5-M on any GPU, without a download.
-
-    Built on the current default device, so `with torch.device("cuda"):` initializes on the GPU and
-    `with torch.device("meta"):` allocates nothing (shapes, parameter counts and FLOPs only).
-    """
-    text = tiny_text_stack(seed, layers=2, **SD35M_TEXT)
-    torch.manual_seed(seed)
-    transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER).eval()
-    vae = AutoencoderKL(**SD35M_VAE).eval()
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)  # SD3.5-M's scheduler config
-    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
-
-
-def tiny_flux_pipeline(seed: int = 0) -> FluxPipeline:
-    """A random-weight FLUX pipeline small enough for CPU tests, with FLUX's layout at toy widths: a VAE with 8x
-    downsampling to 16 channels and FLUX's scaling and shift factors (32 px -> 16x4x4 latents -> 2x2 = 4 tokens of
-    64), one double- and one single-stream block of 2 heads x 16 (RoPE axes 4 + 6 + 6 = 16), a guidance
-    embedding, and FLUX.1-dev's dynamically shifted scheduler. The same classes as FLUX.1-dev's.
-    """
-    width = 32
-    text = tiny_text_stack(seed, width=width, flux=True)
-    torch.manual_seed(seed)
-    transformer = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
-                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=width,
-                                         pooled_projection_dim=width // 2, guidance_embeds=True,
-                                         axes_dims_rope=(4, 6, 6)).eval()
-    vae = AutoencoderKL(**dict(FLUX_DEV_VAE, block_out_channels=(8, 8, 16, 16), layers_per_block=1,
-                               norm_num_groups=4, sample_size=32)).eval()
-    scheduler = FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER)
-    return FluxPipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
-
-
-def random_flux_dev_pipeline(seed: int = 0) -> FluxPipeline:
-    """FLUX.1-dev's transformer (11.9B parameters) and VAE with random weights, its CLIP-L and T5-XXL at their real
-    widths with 2 layers each: FLUX.1-dev's code path and cost without a download, built on the current default
-    device as random_sd35m_pipeline (`torch.device("meta")`: shapes and FLOPs only)."""
-    text = tiny_text_stack(seed, layers=2, flux=True, **FLUX_DEV_TEXT)
-    torch.manual_seed(seed)
-    transformer = FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER).eval()
-    vae = AutoencoderKL(**FLUX_DEV_VAE).eval()
-    scheduler = FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER)
-    return FluxPipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
-
-
-TINY = {"tiny": tiny_pipeline, "tiny-flux": tiny_flux_pipeline}  # float32, CPU-sized
-RANDOM = {RANDOM_SD35M: random_sd35m_pipeline, RANDOM_FLUX_DEV: random_flux_dev_pipeline}  # real shapes
 
 
 def is_flux(model) -> bool:
@@ -205,7 +65,7 @@ def is_flux(model) -> bool:
 
 
 def load_pipeline(model: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """An SD3 or FLUX pipeline from a name in TINY or RANDOM (random weights, built in code), a hub id (SD35_MEDIUM,
+    """An SD3 or FLUX pipeline from a name in TINY or RANDOM (random weights, section 4), a hub id (SD35_MEDIUM,
     FLUX_DEV) or a local folder, with weights in `dtype` (TINY stays float32) except the VAE's, which decodes in
     float32. A folder is FLUX when its model_index.json says FluxPipeline, a hub id when it names FLUX.
 
@@ -493,3 +353,158 @@ class CompiledTransformer:
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """(m, ...) -> (rows, ...): the last row repeated (a real input, so the padding computes nothing unusual)."""
     return x if x.shape[0] == rows else torch.cat([x, x[-1:].expand(rows - x.shape[0], *x.shape[1:])])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 4. Models built in code with random weights (same classes, same code path): tiny ones for the CPU tests, and
+#    SD3.5-M's and FLUX.1-dev's real shapes for GPU smoke tests and bench.py (`--model random-sd35m`)
+# ----------------------------------------------------------------------------------------------------------------
+
+RANDOM_SD35M = "random-sd35m"  # SD3.5-M's shapes with random weights (random_sd35m_pipeline)
+
+# SD3.5-Medium's published configs (stabilityai/stable-diffusion-3.5-medium, transformer/ and vae/config.json):
+# MMDiT-X, 24 blocks of width 24 x 64 = 1536, a second image-only attention (attn2) in blocks 0-12, RMS QK-norm;
+# 16 latent channels, 8x downsampling (512 px -> 64x64 latents). Text: CLIP-L (768) + CLIP-G (1280) pooled = 2048,
+# T5-XXL tokens of width 4096.
+SD35M_TRANSFORMER = dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
+                         attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
+                         caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
+                         dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
+SD35M_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+                 up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
+                 layers_per_block=2, latent_channels=16, norm_num_groups=32, sample_size=1024,
+                 scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False)
+# the text encoders at their real widths (CLIP-L/14, OpenCLIP bigG/14, T5 v1.1 XXL); random_sd35m_pipeline keeps
+# 2 layers of each
+SD35M_TEXT = dict(
+    clip=(dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, projection_dim=768,
+               hidden_act="quick_gelu"),
+          dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=20, projection_dim=1280,
+               hidden_act="gelu")),
+    t5=dict(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, relative_attention_num_buckets=32,
+            feed_forward_proj="gated-gelu"))
+
+RANDOM_FLUX_DEV = "random-flux-dev"  # FLUX.1-dev's shapes with random weights (random_flux_dev_pipeline)
+# FLUX.1-dev's published configs (black-forest-labs/FLUX.1-dev, transformer/, vae/ and scheduler/): 19 double-stream
+# blocks (separate image and text weights, joint attention) + 38 single-stream blocks, width 24 x 128 = 3072,
+# RoPE over (index, row, column) with 16 + 56 + 56 = 128 dims; patch_size 1 because the 2x2 patches are packed
+# outside the model (unpack); a guidance embedding. The VAE is SD3's architecture with other latent statistics.
+FLUX_DEV_TRANSFORMER = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+                            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
+                            guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+FLUX_DEV_VAE = dict(SD35M_VAE, scaling_factor=0.3611, shift_factor=0.1159)
+FLUX_DEV_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_image_seq_len=256,
+                          max_image_seq_len=4096, base_shift=0.5, max_shift=1.15)
+# text: CLIP-L (its pooled vector only) and T5-XXL, the same encoders as SD3's first and third
+FLUX_DEV_TEXT = dict(clip=SD35M_TEXT["clip"][:1], t5=SD35M_TEXT["t5"])
+
+
+def tiny_text_stack(seed: int = 0, words: list[str] | None = None, width: int = 32, layers: int = 2,
+                    clip: tuple[dict, ...] | None = None, t5: dict | None = None, flux: bool = False):
+    """Two CLIP text encoders + a T5 with random weights and in-memory character tokenizers (no files, no download);
+    flux=True: FLUX's one CLIP (pooled output, no projection) + the T5, named as FluxPipeline names them.
+
+    SD3 needs: T5 d_model = joint_attention_dim = width, and the two CLIP projections concatenated
+    = pooled_projection_dim = width, so by default each CLIP projects to width // 2 (FLUX: its pooled_projection_dim
+    is the CLIP's hidden size, width // 2). `clip` (one dict per CLIP) and `t5`
+    replace those sizes (SD35M_TEXT, FLUX_DEV_TEXT: the real widths). `words` adds whole-word pieces (the
+    toy world's vocabulary) on top of the character-level fallback; T5's unigram model uses them, while CLIP's BPE
+    without merges still reads letter by letter (the shipped toy checkpoint was trained with exactly this vocabulary,
+    so it stays as it is).
+    """
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    clip_vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for piece in chars + [c + "</w>" for c in chars] + [w + "</w>" for w in (words or [])]:
+        clip_vocab.setdefault(piece, len(clip_vocab))
+    t5_pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)]
+    t5_pieces += [(c, -2.0) for c in chars] + [("\u2581" + c, -1.5) for c in chars]
+    t5_pieces += [("\u2581" + w, -0.5) for w in (words or [])]
+
+    tiny_clip = dict(hidden_size=width // 2, intermediate_size=width, num_attention_heads=2, projection_dim=width // 2,
+                     hidden_act="gelu")
+    t5 = t5 or dict(d_model=width, d_kv=8, d_ff=2 * width, num_heads=2, relative_attention_num_buckets=8)
+    torch.manual_seed(seed)
+    components = {}
+    clip_class = CLIPTextModel if flux else CLIPTextModelWithProjection
+    for name, sizes in zip(("", "_2"), clip or (tiny_clip,) * (1 if flux else 2)):
+        cfg = CLIPTextConfig(vocab_size=len(clip_vocab), num_hidden_layers=layers, max_position_embeddings=77,
+                             bos_token_id=0, eos_token_id=1, pad_token_id=1, **sizes)
+        components["text_encoder" + name] = clip_class(cfg).eval()
+        components["tokenizer" + name] = CLIPTokenizer(vocab=clip_vocab, merges=[], model_max_length=77,
+                                                       pad_token="<|endoftext|>")
+    t5_cfg = T5Config(vocab_size=len(t5_pieces), num_layers=layers, dropout_rate=0.0, pad_token_id=0,
+                      eos_token_id=1, decoder_start_token_id=0, **t5)
+    t5_name = "_2" if flux else "_3"  # FLUX's second text encoder is the T5
+    components["text_encoder" + t5_name] = T5EncoderModel(t5_cfg).eval()
+    components["tokenizer" + t5_name] = T5Tokenizer(vocab=t5_pieces, extra_ids=0)
+    return components
+
+
+def tiny_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
+    """A random-weight SD3 pipeline small enough for CPU tests: 16x16 px images, 4x8x8 latents, 2 blocks.
+
+    Every class is the real diffusers/transformers one, so the code after loading is the code that runs SD3.5-M.
+    """
+    width = 32
+    text = tiny_text_stack(seed, width=width)
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2,
+                                        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=width,
+                                        caption_projection_dim=16, pooled_projection_dim=width,
+                                        pos_embed_max_size=16).eval()
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
+                        layers_per_block=1, norm_num_groups=4, sample_size=16, scaling_factor=1.5305,
+                        shift_factor=0.0609).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)
+    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
+
+
+def random_sd35m_pipeline(seed: int = 0) -> StableDiffusion3Pipeline:
+    """SD3.5-Medium's transformer and VAE with random weights, and its three text encoders at their real widths with
+    2 layers each and in-memory tokenizers: the real code path and cost of SD3.5-M on any GPU, without a download.
+
+    Built on the current default device, so `with torch.device("cuda"):` initializes on the GPU and
+    `with torch.device("meta"):` allocates nothing (shapes, parameter counts and FLOPs only).
+    """
+    text = tiny_text_stack(seed, layers=2, **SD35M_TEXT)
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER).eval()
+    vae = AutoencoderKL(**SD35M_VAE).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0)  # SD3.5-M's scheduler config
+    return StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
+
+
+def tiny_flux_pipeline(seed: int = 0) -> FluxPipeline:
+    """A random-weight FLUX pipeline small enough for CPU tests, with FLUX's layout at toy widths: a VAE with 8x
+    downsampling to 16 channels and FLUX's scaling and shift factors (32 px -> 16x4x4 latents -> 2x2 = 4 tokens of
+    64), one double- and one single-stream block of 2 heads x 16 (RoPE axes 4 + 6 + 6 = 16), a guidance
+    embedding, and FLUX.1-dev's dynamically shifted scheduler. The same classes as FLUX.1-dev's.
+    """
+    width = 32
+    text = tiny_text_stack(seed, width=width, flux=True)
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1,
+                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=width,
+                                         pooled_projection_dim=width // 2, guidance_embeds=True,
+                                         axes_dims_rope=(4, 6, 6)).eval()
+    vae = AutoencoderKL(**dict(FLUX_DEV_VAE, block_out_channels=(8, 8, 16, 16), layers_per_block=1,
+                               norm_num_groups=4, sample_size=32)).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER)
+    return FluxPipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
+
+
+def random_flux_dev_pipeline(seed: int = 0) -> FluxPipeline:
+    """FLUX.1-dev's transformer (11.9B parameters) and VAE with random weights, its CLIP-L and T5-XXL at their real
+    widths with 2 layers each: FLUX.1-dev's code path and cost without a download, built on the current default
+    device as random_sd35m_pipeline (`torch.device("meta")`: shapes and FLOPs only)."""
+    text = tiny_text_stack(seed, layers=2, flux=True, **FLUX_DEV_TEXT)
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(**FLUX_DEV_TRANSFORMER).eval()
+    vae = AutoencoderKL(**FLUX_DEV_VAE).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER)
+    return FluxPipeline(transformer=transformer, scheduler=scheduler, vae=vae, **text)
+
+
+TINY = {"tiny": tiny_pipeline, "tiny-flux": tiny_flux_pipeline}  # float32, CPU-sized
+RANDOM = {RANDOM_SD35M: random_sd35m_pipeline, RANDOM_FLUX_DEV: random_flux_dev_pipeline}  # real shapes

@@ -62,13 +62,8 @@ class EMA:
     @torch.no_grad()
     def step(self):
         """Call once after every optimizer step."""
-        # DEVIATION: the demo code (as Flow-GRPO) calls ema.step(params, global_step) after every training
-        # micro-batch, and the micro-batch that ends an optimizer step has already advanced the counter: each
-        # counter value is seen once per micro-batch of an optimizer step, 2 times in its SD3.5-M configs and 6 in
-        # its FLUX.1-dev ones, and the first move comes after 7 optimizer steps, not 8. After 80 optimizer steps the
-        # initial weights keep ~0.5% (SD3.5-M) or ~1e-7 (FLUX.1-dev) of the demo's average, 7% of ours. We move it
-        # once per optimizer step, because an average over optimizer steps should not depend on how a step is split
-        # into micro-batches.
+        # DEVIATION: one move per optimizer step, however it is split into micro-batches; the demo code moves it
+        # per micro-batch, one step early (docs/deviations.md, 'EMA updates').
         s = self.steps  # the index of the optimizer step just taken
         self.steps += 1
         if self.decay > 0 and (s + 1) % self.every == 0:
@@ -124,22 +119,23 @@ class WindowStepLoss:
     beta: float  # the KL weight (0: no reference pass)
     autocast: Callable = contextlib.nullcontext  # bf16 base, float32 LoRA (under DeepSpeed: no autocast, all bf16)
 
-    def __call__(self, policy, x, x_next, t, cond, sigma, sigma_next, logp_old, adv, mask=None):
+    def __call__(self, policy, x, x_next, *, t, cond, sigma, sigma_next, logp_old, adv, mask=None):
         """log pi_theta of the stored x_next under `policy` (with grad), the reference's step mean when beta > 0,
         and grpo.grpo_loss. t (b,), cond: the b rows' prompts, sigma / sigma_next the step's grid values,
         logp_old / adv (b,), mask (b,) bool or None. Returns (loss, stats, log_prob (b,))."""
+        where = dict(t=t, cond=cond, sigma=sigma, sigma_next=sigma_next)
         # log pi_theta(x_next | x): the STORED next sample under the current policy (docs/method.md, 'The clipped
         # loss')
-        out = self.step(policy, x, x_next, t, cond, sigma, sigma_next)
+        out = self.step(policy, x, x_next, **where)
         ref_mean = None
         if self.beta > 0:
             with torch.no_grad(), self.reference() as ref:
-                ref_mean = self.step(ref, x, x_next, t, cond, sigma, sigma_next).mean  # (b, C, h, w)
-        loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, out.mean, ref_mean, out.std_kl, self.clip_range,
-                                     self.beta, mask=mask)
+                ref_mean = self.step(ref, x, x_next, **where).mean  # (b, C, h, w)
+        loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, mean=out.mean, ref_mean=ref_mean, std_kl=out.std_kl,
+                                     clip_range=self.clip_range, beta=self.beta, mask=mask)
         return loss, stats, out.log_prob
 
-    def step(self, model, x, x_next, t, cond, sigma, sigma_next) -> S.StepOut:
+    def step(self, model, x, x_next, *, t, cond, sigma, sigma_next) -> S.StepOut:
         """`model`'s stochastic step from x, evaluated at the given x_next."""
         with self.autocast():
             v = models.velocity(model, x, t, cond, self.guidance)  # (b, C, h, w)

@@ -232,9 +232,8 @@ def unifiedreward_question(prompt: str) -> str:
 def parse_final_score(answer: str) -> float:
     """The score s in 'Final Score: s', or NaN when the answer has none.
 
-    DEVIATION: the demo code scores an answer without a score 0 (its /5 scale: as if the model had said 0); we
-    return NaN, which evaluate.py leaves out of the mean and counts in unifiedreward_failed, because a 0 the model
-    never gave would pull the mean down by an amount that depends on how often the parse fails.
+    DEVIATION: NaN (out of evaluate.py's mean, counted in unifiedreward_failed), not the demo code's 0, a score the
+    model never gave (docs/deviations.md, 'UnifiedReward without a score').
     """
     match = FINAL_SCORE.search(answer)
     return float(match.group(1)) if match else math.nan

@@ -57,8 +57,8 @@ DEFAULT_MODELS = {
     "pickscore_processor": "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
     # GenEval's colour classifier (open_clip "ViT-L-14", pretrained="openai") and the aesthetic predictor's backbone.
     "clip_l14": "openai/clip-vit-large-patch14",
-    # DEVIATION from GenEval (mmdet checkpoint mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco) because mmdet is
-    # what users fail to install: transformers' port of the same model (Swin-S, COCO instances, 80 classes).
+    # DEVIATION: transformers' port of GenEval's mmdet mask2former_swin-s-p4-w7-224_8xb2-lsj-50e_coco (Swin-S, COCO
+    # instances, 80 classes): mmdet is what users fail to install (docs/deviations.md, 'GenEval').
     "mask2former": "facebook/mask2former-swin-small-coco-instance",
     # No hub id: sac+logos+ava1-l14-linearMSE.pth from github.com/christophschuhmann/improved-aesthetic-predictor.
     "aesthetic": None,
@@ -185,8 +185,8 @@ OCR_DENOMINATORS = ("flow-grpo", "demo")
 def ocr_target(prompt):
     """Text between the first pair of double quotes; the whole prompt if it has none (as the demo code's
     flow_grpo/ocr.py; Flow-GRPO's OcrScorer fails on such a prompt)."""
-    # DEVIATION: with a single, unpaired quote both upstream scorers take the text after it; we take the whole
-    # prompt, because an unpaired quote marks no text to render (the official prompt sets always pair them)
+    # DEVIATION: an unpaired quote marks no text to render, so the whole prompt; upstream takes the text after it
+    # (docs/deviations.md, 'OCR target with one unpaired quote').
     parts = prompt.split('"')
     return parts[1] if len(parts) >= 3 else prompt
 
@@ -220,8 +220,8 @@ def _load_ocr_engine():
     under <package>/models and downloads it if the checksum does not match; naming model_path directly skips
     that lookup, so nothing is ever downloaded. The recognizer's character table is stored in the ONNX metadata.
     The angle classifier is off, as Flow-GRPO's PaddleOCR(use_angle_cls=False).
-    DEVIATION from Flow-GRPO (PaddleOCR, lang="en") because paddlepaddle is hard to install: rapidocr's bundled
-    PP-OCR det/rec models in ONNX, so absolute OCR scores can differ slightly from the paper's.
+    DEVIATION: rapidocr's bundled PP-OCR ONNX models, not Flow-GRPO's PaddleOCR (paddlepaddle is hard to install),
+    so absolute OCR scores can differ slightly from the paper's (docs/deviations.md, 'OCR reward').
     """
     models = Path(rapidocr.__file__).parent / "models"
     det, rec = sorted(models.glob("*_det_*.onnx")), sorted(models.glob("*_rec_*.onnx"))
@@ -365,8 +365,8 @@ def _load_mask2former(source, device):
 def load_geneval(device, batch_size=16, model_paths=None, **_):
     """Primary value: partial credit; extra 'geneval_correct' (0/1, GenEval's rule) for geneval_summary.
 
-    DEVIATION from Flow-GRPO's reward server, which receives the images JPEG-encoded (PIL quality 75), because
-    in-process there is no transport: the detector sees the decoded pixels (rounded to 8 bits).
+    DEVIATION: the detector sees the decoded pixels (8 bits), not the JPEG (quality 75) Flow-GRPO's reward server
+    receives: in-process there is no transport (docs/deviations.md, 'GenEval').
     """
     detector = _load_mask2former(_source("mask2former", model_paths), str(device))
     clip, tokenizer, image_cfg = _load_clip("clip_l14", _source("clip_l14", model_paths),

@@ -1,19 +1,20 @@
-"""Flow-matching sampling for TP-GRPO: SDE/ODE steps with log-probs, windowed rollouts, batched ODE completions.
+"""Flow-matching sampling for TP-GRPO: SDE/ODE steps with log-probs, windowed rollouts, ODE completions.
 
 Implements paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewards" (docs/method.md, from
 'Flow matching and the Euler ODE step' to 'The batched wavefront'), written once for both of the paper's models
 (models.py holds what differs between SD3.5-Medium and FLUX.1-dev: loading, the grid, the velocity, decoding):
 
-  * the Euler ODE step and the two stochastic steps (`sde_step`: Flow-GRPO's reverse SDE; `cps_step`:
-    coefficients-preserving sampling) with what the PPO ratio is formed from and the std used by the KL term,
-  * per-trajectory seeds: every trajectory is replayable from (seed, iteration, prompt, member),
-  * a rollout of B prompts x G members whose steps w0 .. w0+W-1 are stochastic (the "SDE window"),
-  * the ODE completions R(s_k) needs: every window state s_k is finished with the Euler ODE on the rest of the
-    same grid. `complete_naive` is the readable per-state loop (the test oracle); `rollout(..., complete=True)`
-    computes the same thing as a "wavefront": one transformer call per grid index for the rollout state and
-    every live branch, reusing the rollout's velocity at each branch's first step (55 instead of 64 network
-    evaluations per trajectory for T = 10, W = 9, in T calls instead of 64),
-  * plain ODE sampling of images for evaluation (`generate`).
+  1. the Euler ODE step and the two stochastic steps (`sde_step`: Flow-GRPO's reverse SDE; `cps_step`:
+     coefficients-preserving sampling) with what the PPO ratio is formed from and the std used by the KL term,
+  2. per-trajectory seeds: every trajectory is replayable from (seed, iteration, prompt, member),
+  3. the paper's version: `rollout`, B prompts x G members whose steps w0 .. w0+W-1 are stochastic (the "SDE
+     window"), and `complete_naive`, the ODE completions R(s_k) needs: every window state s_k finished with the
+     Euler ODE on the rest of the same grid, one state at a time,
+  4. the fast path train.py runs: `wavefront_rollout` computes the same rollout and completions as a "wavefront":
+     one transformer call per grid index for the rollout state and every live completion branch, reusing the
+     rollout's velocity at each branch's first step (55 instead of 64 network evaluations per trajectory for
+     T = 10, W = 9, in T calls instead of 64); tests/test_sampler.py checks it against section 3,
+  5. plain ODE sampling of images for evaluation (`generate`).
 
 Run `python bench.py` to count and time it; `python -m pytest tests/test_sampler.py` to check it.
 
@@ -75,7 +76,8 @@ def stochastic_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_l
         raise ValueError("pass exactly one of noise= (to sample) and next_sample= (to score a stored sample)")
     x, v = x.float(), v.float()
     step = sde_step if kind == "sde" else cps_step
-    return step(x, v, _per_sample(sigma, x), _per_sample(sigma_next, x), noise_level, noise, next_sample)
+    return step(x, v, _per_sample(sigma, x), _per_sample(sigma_next, x), noise_level, noise=noise,
+                next_sample=next_sample)
 
 
 def sde_step(x, v, s, s_next, noise_level, noise, next_sample) -> StepOut:
@@ -143,8 +145,8 @@ def draw_noise(generators: list[torch.Generator], shape: tuple[int, ...], device
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3. Rollout with an SDE window (Algorithm 1), optionally with the batched ODE completions (Sec. 4.1; docs/method.md,
-#    'Rollout with an SDE window', 'The batched wavefront')
+# 3. The paper's version: a rollout with an SDE window (Algorithm 1), then every window state finished by the ODE
+#    (Sec. 4.1; docs/method.md, 'Rollout with an SDE window', 'Incremental rewards via ODE completions')
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -172,49 +174,23 @@ def check_window(steps: int, w0: int, window: int) -> None:
 
 
 @torch.no_grad()
-def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.Generator], sigmas: torch.Tensor,
-            timesteps: torch.Tensor, w0: int, window: int, noise_level: float, kind: str, guidance_scale: float,
-            complete: bool = False, chunk_size: int | None = None, completion_steps: int | None = None) -> Rollout:
-    """Sample n trajectories over the T-step grid; steps w0 .. w0+W-1 are stochastic, the rest ODE.
-
-    complete=True also returns ODE-complete(s_k) for k = 0..W (Sec. 4.1) as a wavefront (docs/method.md, 'The
-    batched wavefront'): the branch started at s_k takes its first Euler step with the velocity the rollout just
-    computed at s_k (an exact reuse), and every later step of a branch is taken at a grid index the rollout visits,
-    so one transformer call per grid index evaluates the rollout state and every branch sitting there.
-    completion_steps K (None: the whole remaining grid, the paper's) finishes each state in at most K Euler steps on
-    `completion_grid`'s sub-grid (docs/method.md, 'Cheaper judges'); K = 1 is x0_hat = s_k - sigma_k v(s_k), which
-    costs no call at all. chunk_size caps the images per call (peak memory) without changing any result.
-    """
-    steps = len(timesteps)
+def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.Generator], *, sigmas: torch.Tensor,
+            timesteps: torch.Tensor, w0: int, window: int, noise_level: float, kind: str,
+            guidance_scale: float) -> Rollout:
+    """Sample n trajectories over the T-step grid: grid indices w0 .. w0+W-1 take the stochastic step (`kind`,
+    noise level a), every other index the Euler ODE step; keep the window states s_0 .. s_W and the log-probs of
+    the W stochastic steps. `complete_naive` then finishes every window state; `wavefront_rollout` is the same
+    computation in fewer, larger calls (what train.py runs)."""
+    steps, n = len(timesteps), x_T.shape[0]
     check_window(steps, w0, window)
-    n = x_T.shape[0]
     counter = EvalCounter()
     x = x_T.float()  # (n, C, h, w)
     states, log_probs = [], []
-    # Which states share each call, for T = 4, W = 2 (b_k: the n completion branches of s_k; K = 2: b_0 takes the
-    # grid indices 0 -> 2 -> 4, b_1 takes 1 -> 2 -> 4):
-    #   grid index i        0      1          2              3
-    #   full ODE            x      x, b_0     x, b_0, b_1    x, b_0, b_1     9 evaluations per trajectory
-    #   K = 2               x      x          x, b_0, b_1    x               6
-    # b_k's first step (at i = k) uses the rollout's v(s_k) and needs no call of its own.
-    branches = []  # per started completion: [state (n, C, h, w), its grid indices, position in them]
-    for i in range(steps):
-        here = [b for b in branches if b[1][b[2]] == i]  # the branches sitting at grid index i
-        stacked = torch.cat([x] + [b[0] for b in here])  # (n*(1+len(here)), C, h, w)
-        v_all = _chunked_velocity(transformer, stacked, timesteps[i], cond, len(here) + 1, guidance_scale, counter,
-                                  chunk_size)  # (n*(1+len(here)), C, h, w)
-        v = v_all[:n]  # (n, C, h, w) the rollout state's
-        for j, b in enumerate(here):
-            b[0] = ode_step(b[0], v_all[n * (j + 1):n * (j + 2)], sigmas[i], sigmas[b[1][b[2] + 1]])  # (n, C, h, w)
-            b[2] += 1
-        in_window = w0 <= i < w0 + window
-        if in_window:
+    for i in range(steps):  # Algorithm 1: from sigma_0 = 1 down to sigma_T = 0
+        v = velocity(transformer, x, timesteps[i].expand(n), cond, guidance_scale, counter)  # (n, C, h, w)
+        if w0 <= i < w0 + window:
+            # window step k = i - w0 + 1: s_k ~ p(. | s_{k-1}), and log p(s_k | s_{k-1}) for the PPO ratio (Sec. 3)
             states.append(x)
-            if complete:
-                # The wavefront's first saving: ODE-complete(s_k) starts with v(s_k, sigma_{w0+k}), which is v:
-                # reuse it.
-                grid = completion_grid(i, steps, completion_steps)
-                branches.append([ode_step(x, v, sigmas[i], sigmas[grid[1]]), grid, 1])  # (n, C, h, w)
             out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
                                   noise=draw_noise(generators, x.shape[1:], x.device))
             x = out.next  # (n, C, h, w)
@@ -223,18 +199,41 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
             x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, h, w)
         if i == w0 + window - 1:
             states.append(x)  # s_W
-    completions = None
-    if complete:
-        # ODE-complete(s_0) .. ODE-complete(s_{W-1}), then s_W's completion: the rollout itself
-        completions = torch.stack([b[0] for b in branches] + [x], 1)  # (n, W+1, C, h, w)
-    return Rollout(sigmas, timesteps, w0, window, x_T.float(), torch.stack(states, 1), torch.stack(log_probs, 1),
-                   x, completions, counter)  # states (n, W+1, C, h, w), log_probs (n, W)
+    return Rollout(sigmas, timesteps, w0, window, x_T.float(), states=torch.stack(states, 1),
+                   log_probs=torch.stack(log_probs, 1), final=x, counter=counter)  # (n, W+1, C, h, w), (n, W)
+
+
+@torch.no_grad()
+def ode_complete(transformer, x: torch.Tensor, start: int, cond: Cond, *, sigmas: torch.Tensor,
+                 timesteps: torch.Tensor, guidance_scale: float, counter: EvalCounter | None = None,
+                 completion_steps: int | None = None) -> torch.Tensor:
+    """Euler ODE from a state at grid index `start` down to sigma_T = 0 on the same grid, or on its sub-grid of at
+    most completion_steps steps (`completion_grid`): (n, C, h, w)."""
+    x = x.float()
+    grid = completion_grid(start, len(timesteps), completion_steps)
+    for i, i_next in zip(grid[:-1], grid[1:]):
+        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter)  # (n, C, h, w)
+        x = ode_step(x, v, sigmas[i], sigmas[i_next])  # (n, C, h, w)
+    return x
+
+
+@torch.no_grad()
+def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float, *, counter: EvalCounter | None = None,
+                   completion_steps: int | None = None) -> torch.Tensor:
+    """ODE-complete(s_k) for k = 0..W, one window state at a time (the demo code's layout, with R_0 from the
+    trajectory's own x_T): (n, W+1, C, h, w); index W is the rollout's own final latent."""
+    # DEVIATION: R_0 completes s_0, reached from this trajectory's own x_T; the demo code draws fresh noise for it
+    # (docs/deviations.md, 'R_0 from the trajectory's own noise').
+    finished = [ode_complete(transformer, ro.states[:, k], ro.w0 + k, cond, sigmas=ro.sigmas, timesteps=ro.timesteps,
+                             guidance_scale=guidance_scale, counter=counter, completion_steps=completion_steps)
+                for k in range(ro.window)]  # W x (n, C, h, w)
+    return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, h, w)
 
 
 def completion_steps(spec: str) -> int | None:
-    """The --completion judge of a window state as rollout's completion_steps: "ode" -> None (the whole remaining
-    grid, the paper's), "ode:K" -> K (K >= 1), "x0" -> 1 (x0_hat = s_k - sigma_k v(s_k): the one-step completion
-    with the rollout's own velocity, the same thing as "ode:1"). Anything else raises a one-line ValueError."""
+    """The --completion judge of a window state as a completion_steps: "ode" -> None (the whole remaining grid, the
+    paper's), "ode:K" -> K (K >= 1), "x0" -> 1 (x0_hat = s_k - sigma_k v(s_k): the one-step completion with the
+    rollout's own velocity, the same thing as "ode:1"). Anything else raises a one-line ValueError."""
     if spec in ("ode", "x0"):
         return None if spec == "ode" else 1
     name, _, k = spec.partition(":")
@@ -246,16 +245,92 @@ def completion_steps(spec: str) -> int | None:
 def completion_grid(start: int, steps: int, completion_steps: int | None) -> list[int]:
     """The grid indices a completion from grid index `start` visits down to sigma_T = 0: all of them (None), or
     K + 1 evenly spaced ones, rounded down, when K = completion_steps < T - start: start + floor(m (T - start) / K),
-    m = 0..K. The first and last are always start and T."""
+    m = 0..K (docs/method.md, 'Cheaper judges'). The first and last are always start and T."""
     K = steps - start if completion_steps is None else min(completion_steps, steps - start)
     return [start + m * (steps - start) // K for m in range(K + 1)]
 
 
-def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, copies: int,
-                      guidance_scale: float, counter: EvalCounter, chunk_size: int | None) -> torch.Tensor:
-    """velocity() on `copies` stacked blocks of the n rows of `cond`, in chunks of at most chunk_size images."""
+# ----------------------------------------------------------------------------------------------------------------
+# 4. The fast path: the rollout and its completions as one batched wavefront (docs/method.md, 'The batched
+#    wavefront'), equal to section 3 up to float rounding (tests/test_sampler.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Branch:
+    """One completion in flight: ODE-complete(s_k) of n trajectories, walking down its grid indices."""
+
+    state: torch.Tensor  # (n, C, h, w) where the completion has got to
+    grid: list[int]  # the grid indices it visits (completion_grid): w0 + k, ..., T
+    at: int = 0  # its position in `grid`: the state sits at grid index grid[at]
+
+    @property
+    def index(self) -> int:
+        return self.grid[self.at]
+
+    def advance(self, v: torch.Tensor, sigmas: torch.Tensor) -> None:
+        """One Euler step with the velocity v (n, C, h, w) at its grid index, to its next one."""
+        self.state = ode_step(self.state, v, sigmas[self.index], sigmas[self.grid[self.at + 1]])  # (n, C, h, w)
+        self.at += 1
+
+
+@torch.no_grad()
+def wavefront_rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.Generator], *,
+                      sigmas: torch.Tensor, timesteps: torch.Tensor, w0: int, window: int, noise_level: float,
+                      kind: str, guidance_scale: float, complete: bool = True, completion_steps: int | None = None,
+                      chunk_size: int | None = None) -> Rollout:
+    """`rollout` (same arguments, same trajectories) and, with complete=True, ODE-complete(s_k) for k = 0..W as
+    `complete_naive` computes them, in T transformer calls: the branch started at s_k takes its first Euler step
+    with the velocity the rollout just computed at s_k (an exact reuse), and every later step of a branch is taken
+    at a grid index the rollout visits, so one call per grid index evaluates the rollout state and every branch
+    sitting there. completion_steps K (None: the whole remaining grid, the paper's) finishes each state in at most
+    K Euler steps on `completion_grid`'s sub-grid; K = 1 (x0_hat) costs no call at all. chunk_size caps the images
+    per call (peak memory) without changing any result; complete=False: the plain rollout in such chunks.
+    """
+    steps, n = len(timesteps), x_T.shape[0]
+    check_window(steps, w0, window)
+    counter = EvalCounter()
+    x = x_T.float()  # (n, C, h, w)
+    states, log_probs, branches = [], [], []
+    # Which states share each call, for T = 4, W = 2 (b_k: the n completion branches of s_k; K = 2: b_0 takes the
+    # grid indices 0 -> 2 -> 4, b_1 takes 1 -> 2 -> 4):
+    #   grid index i        0      1          2              3
+    #   full ODE            x      x, b_0     x, b_0, b_1    x, b_0, b_1     9 evaluations per trajectory
+    #   K = 2               x      x          x, b_0, b_1    x               6
+    # b_k's first step (at i = k) uses the rollout's v(s_k) and needs no call of its own.
+    for i in range(steps):
+        here = [b for b in branches if b.index == i]  # the branches sitting at grid index i
+        stacked = torch.cat([x] + [b.state for b in here])  # (n*(1+len(here)), C, h, w)
+        v_all = _chunked_velocity(transformer, stacked, timesteps[i], cond, guidance_scale, counter=counter,
+                                  chunk_size=chunk_size)  # (n*(1+len(here)), C, h, w)
+        v = v_all[:n]  # (n, C, h, w) the rollout state's
+        for j, b in enumerate(here):
+            b.advance(v_all[n * (j + 1):n * (j + 2)], sigmas)
+        if w0 <= i < w0 + window:
+            states.append(x)
+            if complete:  # a new branch from s_k; its first step reuses the rollout's v(s_k, sigma_{w0+k})
+                branches.append(Branch(x, completion_grid(i, steps, completion_steps)))
+                branches[-1].advance(v, sigmas)
+            out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
+                                  noise=draw_noise(generators, x.shape[1:], x.device))
+            x = out.next  # (n, C, h, w)
+            log_probs.append(out.log_prob)
+        else:
+            x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, h, w)
+        if i == w0 + window - 1:
+            states.append(x)  # s_W
+    # ODE-complete(s_0) .. ODE-complete(s_{W-1}), then s_W's completion: the rollout itself
+    completions = torch.stack([b.state for b in branches] + [x], 1) if complete else None  # (n, W+1, C, h, w)
+    return Rollout(sigmas, timesteps, w0, window, x_T.float(), states=torch.stack(states, 1),
+                   log_probs=torch.stack(log_probs, 1), final=x, completions=completions, counter=counter)
+
+
+def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, guidance_scale: float, *,
+                      counter: EvalCounter, chunk_size: int | None) -> torch.Tensor:
+    """velocity() on x (n*copies, C, h, w): `copies` stacked blocks of the n rows of `cond`, in chunks of at most
+    chunk_size images."""
     n = cond.embeds.shape[0]
-    rows = torch.arange(n, device=cond.embeds.device).repeat(copies)  # (n*copies,) the prompt row of each image
+    rows = torch.arange(n, device=cond.embeds.device).repeat(x.shape[0] // n)  # (n*copies,) each image's prompt row
     size = x.shape[0] if chunk_size is None else chunk_size
     out = []
     for start in range(0, x.shape[0], size):
@@ -265,35 +340,13 @@ def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond
     return torch.cat(out)  # (n*copies, C, h, w)
 
 
-@torch.no_grad()
-def ode_complete(transformer, x: torch.Tensor, start: int, cond: Cond, sigmas: torch.Tensor,
-                 timesteps: torch.Tensor, guidance_scale: float, counter: EvalCounter | None = None,
-                 completion_steps: int | None = None) -> torch.Tensor:
-    """Euler ODE from a state at grid index `start` down to sigma_T = 0 on the same grid, or on its sub-grid of at
-    most completion_steps steps (`completion_grid`): (n, C, h, w)."""
-    x = x.float()
-    grid = completion_grid(start, len(timesteps), completion_steps)
-    for i, i_next in zip(grid[:-1], grid[1:]):
-        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter)
-        x = ode_step(x, v, sigmas[i], sigmas[i_next])  # (n, C, h, w)
-    return x
+# ----------------------------------------------------------------------------------------------------------------
+# 5. Evaluation's sampler: the plain ODE from x_T
+# ----------------------------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
-def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float,
-                   counter: EvalCounter | None = None, completion_steps: int | None = None) -> torch.Tensor:
-    """The reference: finish every window state separately (the demo code's layout, with R_0 from the
-    trajectory's own x_T). Returns (n, W+1, C, h, w); index W is the rollout's own final latent."""
-    # DEVIATION: the demo code's pure-ODE run for R_0 draws fresh noise (generator None); we complete s_0, which
-    # is reached from this trajectory's x_T by ODE steps only, because the paper's R_0 is "this trajectory
-    # without any SDE step" (Sec. 4.1; docs/method.md, 'Incremental rewards via ODE completions').
-    finished = [ode_complete(transformer, ro.states[:, k], ro.w0 + k, cond, ro.sigmas, ro.timesteps,
-                             guidance_scale, counter, completion_steps) for k in range(ro.window)]  # W x (n, C, h, w)
-    return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, h, w)
-
-
-@torch.no_grad()
-def generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float, resolution: int,
+def generate(pipe, prompts: list[str], seeds: list[int], *, steps: int, guidance_scale: float, resolution: int,
              max_sequence_length: int = 128, batch_size: int = 16, transformer=None) -> torch.Tensor:
     """Plain ODE sampling (evaluation): one image per (prompt, seed), in [0, 1], (N, 3, H', W') on the CPU.
 
@@ -308,6 +361,7 @@ def generate(pipe, prompts: list[str], seeds: list[int], steps: int, guidance_sc
         part = prompts[start:start + batch_size]
         cond = encode_prompts(pipe, part, guidance_scale, max_sequence_length)
         x_T = draw_noise(make_generators(seeds[start:start + batch_size]), shape, pipe.transformer.device)
-        x_0 = ode_complete(transformer, x_T, 0, cond, sigmas, timesteps, guidance_scale)  # (b, C, h, w)
+        x_0 = ode_complete(transformer, x_T, 0, cond, sigmas=sigmas, timesteps=timesteps,
+                           guidance_scale=guidance_scale)  # (b, C, h, w)
         images.append(decode(pipe, x_0).cpu())  # (b, 3, H', W')
     return torch.cat(images)  # (N, 3, H', W')

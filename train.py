@@ -7,9 +7,9 @@ each a function with its paper reference, then logging, evaluation and checkpoin
   setup            processes, the B x G layout, the pipeline + LoRA (policy.py), optimizer, EMA, rewards, prompts
   per iteration:
   1. sample        draw B prompts; each process samples its share of the B x G trajectories (a group's members are
-                   spread over the processes), stochastic only inside the SDE window (sampler.rollout), and for
-                   TP-GRPO / incremental ODE-completes every window state in the same batched calls (Sec. 4.1;
-                   docs/method.md, 'The batched wavefront');
+                   spread over the processes), stochastic only inside the SDE window, and for TP-GRPO /
+                   incremental ODE-completes every window state in the same batched calls (Sec. 4.1; docs/method.md,
+                   'The batched wavefront': sampler.wavefront_rollout, the fast path of sampler.rollout);
   2. score         decode and score every completion: R_k = R(ODE-complete(s_k)), R (n, W+1), column W = R_sde
                    (Flow-GRPO: R_sde only);
   3. assign_credit gather R over processes; per-step rewards with turning points (turning_points.step_rewards,
@@ -121,7 +121,7 @@ def main(cfg: Config) -> dict:
     history_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     summaries = {}  # evaluation summaries by tag ("before", "after")
     if run.progress.iteration == 0:
-        summaries["before"] = evaluate_policy(run, "before", toyworld.shipped_heldout_values(cfg))
+        summaries["before"] = evaluate_policy(run, "before")
         acc.print("eval before: " + evaluate.format_summary(summaries["before"]))
         if main_proc and os.path.exists(history_path):
             os.remove(history_path)
@@ -143,7 +143,7 @@ def main(cfg: Config) -> dict:
         del samples
 
         # 5. log, evaluate, save
-        log = iteration_log(run, R_all, kept, detected, finals, train_stats, nfe, timer)
+        log = iteration_log(run, R_all, kept, detected, finals=finals, train_stats=train_stats, nfe=nfe, timer=timer)
         if cfg.eval_every and run.progress.iteration % cfg.eval_every == 0 and run.progress.iteration < cfg.iterations:
             log.update(evaluate_policy(run, f"iter{run.progress.iteration:06d}"))
         if run.progress.iteration == cfg.iterations:
@@ -191,14 +191,8 @@ def setup(cfg: Config) -> Run:
     resume_from = find_checkpoint(cfg) if cfg.resume else ""
     try:
         train_set, eval_set = config.load_prompt_set(cfg.prompts), config.load_prompt_set(cfg.eval_prompts)
-        # DEVIATION: the demo code launches DeepSpeed ZeRO-2, which holds the whole transformer, LoRA included, in
-        # fp16 (SD3.5-M) or bf16 (FLUX.1-dev) with float32 master copies in the optimizer and no autocast; its
-        # sampler rounds the latents to that dtype after every step and feeds SD3 fp16 timesteps (float32 in
-        # training). We store the frozen base in the autocast dtype (bf16 by default: it cannot overflow where fp16
-        # can), train float32 LoRA weights under autocast, and keep latents float32 and one timestep dtype in both
-        # passes, so that training recomputes the sampling pass's velocities exactly (train/first_ratio_dev). Under
-        # configs/deepspeed_zero2.yaml DeepSpeed casts our LoRA weights to bf16 as well. The VAE decodes in float32
-        # in both (docs/method.md, 'SD3.5-Medium hyperparameters').
+        # DEVIATION: frozen base in the autocast dtype, float32 LoRA under autocast, float32 latents, one timestep
+        # dtype in both passes; the demo code runs all in fp16/bf16 under ZeRO-2 (docs/deviations.md, 'Precision').
         weight_dtype = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision]
         pipe = models.load_pipeline(cfg.model, weight_dtype, accelerator.device)
         reward_fn = rewards.load_rewards(config.parse_weights(cfg.rewards), accelerator.device,
@@ -216,10 +210,13 @@ def setup(cfg: Config) -> Run:
     ema = EMA(params, cfg.ema_decay, cfg.ema_every) if cfg.ema_decay > 0 else None
     register_trainable_only_hooks(accelerator)
     ddp_policy, optimizer = accelerator.prepare(transformer, optimizer)
-    policy = accelerator.unwrap_model(ddp_policy)  # sampling and the reference pass need no DDP sync
+    # sampling and the reference pass call the transformer itself, without DDP's sync: DDP and DeepSpeed only wrap
+    # it (as .module). accelerator.unwrap_model would return it too, but imports deepspeed wherever it is installed,
+    # and that import prints an accelerator notice on every CPU run.
+    policy = transformer
     reference = (lambda: reference_policy(policy)) if ref_model is None else (lambda: contextlib.nullcontext(ref_model))
-    step_loss = WindowStepLoss(reference, cfg.sampler, cfg.noise_level, cfg.guidance, cfg.clip_range, cfg.beta,
-                               accelerator.autocast)
+    step_loss = WindowStepLoss(reference, sampler=cfg.sampler, noise_level=cfg.noise_level, guidance=cfg.guidance,
+                               clip_range=cfg.clip_range, beta=cfg.beta, autocast=accelerator.autocast)
     shape = models.latent_shape(pipe, cfg.resolution)
     # (T+1,), (T,); FLUX's shift depends on the image size, so the grid needs the latent shape
     sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)
@@ -241,7 +238,7 @@ def compiled_policy(policy, cfg: Config) -> models.CompiledTransformer:
     """The policy compiled for sampling, completions and evaluation (--compile), in calls of a fixed number of
     images: by default one rollout call's, sample_batch (x2 with CFG: SD3 stacks the negative prompt's half), so
     the wavefront's calls of n(1 + live) trajectories split into whole chunks and need no padding; evaluation's
-    batches are padded to it. One graph then serves the run (the README's compile section)."""
+    batches are padded to it. One graph then serves the run (docs/gpu.md, 'Compiling the transformer')."""
     cfg_pair = 2 if cfg.guidance > 1 and not models.is_flux(policy) else 1
     return models.CompiledTransformer(policy, cfg.compile_rows or cfg.sample_batch * cfg_pair, cfg.compile_backend)
 
@@ -274,9 +271,11 @@ def sample(run: Run, it: int) -> Samples:
         gens = S.make_generators([S.member_seed(cfg.seed, it, j // G, j % G) for j in ids.tolist()])
         x_T = S.draw_noise(gens, run.shape, run.accelerator.device)  # (b, C, h, w)
         with run.accelerator.autocast():  # bf16 base, float32 LoRA (under DeepSpeed: no autocast, all bf16)
-            ro = S.rollout(run.sampling_policy, cond, x_T, gens, run.sigmas, run.timesteps, w0, W, cfg.noise_level,
-                           cfg.sampler, cfg.guidance, complete=cfg.completes, chunk_size=cfg.chunk_size or None,
-                           completion_steps=S.completion_steps(cfg.completion))
+            ro = S.wavefront_rollout(run.sampling_policy, cond, x_T, gens, sigmas=run.sigmas, timesteps=run.timesteps,
+                                     w0=w0, window=W, noise_level=cfg.noise_level, kind=cfg.sampler,
+                                     guidance_scale=cfg.guidance, complete=cfg.completes,
+                                     completion_steps=S.completion_steps(cfg.completion),
+                                     chunk_size=cfg.chunk_size or None)
         nfe += ro.counter.nfe
         batches.append((ro, cond))
     return Samples(batches, w0, prompts, metadata, nfe)
@@ -313,17 +312,20 @@ def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Co
     """
     N, W = cfg.prompts_per_iter * cfg.group_size, cfg.window
     device = accelerator.device
+    G = cfg.group_size
     R_all = torch.empty(N, R_mine.shape[1], device=device)  # (N, W+1) or (N, 1)
-    # rows go back to trajectory order j, so that trajectory j is member j % G of group j // G
+    # Each gathered row goes to its trajectory id j, whichever process sampled it and in whatever order the gather
+    # returns them: row j is member j % G of group j // G, so every group is G consecutive rows, the layout grpo.py's
+    # (B, G, W) views rely on.
     R_all[collectives.gather(accelerator, mine)] = collectives.gather(accelerator, R_mine)
     R_all = R_all.cpu()
-    group = torch.arange(N) // cfg.group_size  # (N,) prompt group of every trajectory
+    group = torch.arange(N) // G  # (N,) prompt group of every trajectory
     if cfg.completes:  # TP-GRPO and the incremental ablation: a reward per step, normalized per step
         step_r, kept, detected = tp.step_rewards(R_all, group, cfg.algo, cfg.tp_rule)  # (N, W) x 3
-        adv = grpo.per_timestep_advantages(step_r, group, clip=cfg.adv_clip)  # (N, W)
+        adv = grpo.per_timestep_advantages(step_r, G, clip=cfg.adv_clip)  # (N, W)
     else:  # Flow-GRPO: the outcome R_sde, normalized once, on every step
         kept = detected = torch.zeros(N, W, dtype=torch.bool)  # (N, W)
-        adv = grpo.flow_grpo_advantages(R_all[:, -1], group, W, clip=cfg.adv_clip)  # (N, W)
+        adv = grpo.flow_grpo_advantages(R_all[:, -1], G, W, clip=cfg.adv_clip)  # (N, W)
     return R_all, kept, detected, adv[mine].to(device)  # adv (n, W)
 
 
@@ -344,11 +346,8 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
     # Flow-GRPO's filter: a trajectory whose advantage is 0 at every window step has no policy gradient, so it is
     # left out of the loss's means (docs/method.md, 'The clipped loss').
     zero_adv = (adv == 0).all(1).cpu()  # (n,)
-    # DEVIATION: upstream drops these rows and re-batches the rest into the same number of smaller micro-batches,
-    # padding the kept count with random dropped rows (which then count in the means, with their KL); we mask them,
-    # so that no padding row enters the loss and the micro-batches keep their configured size, at the price of the
-    # masked rows' forward and backward passes. The demo's FLUX baseline and Flow-GRPO's train_flux.py do not
-    # filter; we do for every algorithm (--drop-zero-adv; README, deviations).
+    # DEVIATION: masked, not dropped and re-batched with padding rows as upstream, and for every algorithm
+    # (--drop-zero-adv; docs/deviations.md, 'Zero-advantage samples').
     mask = ~zero_adv if cfg.drop_zero_adv else None  # (n,) rows that count, or None: all
     if mask is not None:
         order = grpo.spread_kept(order, mask, cfg.train_batch)
@@ -361,8 +360,9 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
             t = run.timesteps[i].expand(rows.numel())  # (b,)
             with acc.accumulate(run.ddp_policy):
                 loss, stats, log_prob = run.step_loss(
-                    run.ddp_policy, states[rows, k], states[rows, k + 1], t, cond.rows(rows.to(acc.device)),
-                    run.sigmas[i], run.sigmas[i + 1], logp_old[rows, k], adv[rows, k], row_mask)
+                    run.ddp_policy, states[rows, k], states[rows, k + 1], t=t, cond=cond.rows(rows.to(acc.device)),
+                    sigma=run.sigmas[i], sigma_next=run.sigmas[i + 1], logp_old=logp_old[rows, k], adv=adv[rows, k],
+                    mask=row_mask)
                 acc.backward(loss)
                 if acc.sync_gradients:
                     log.grad_norm(acc.clip_grad_norm_(run.params, cfg.max_grad_norm))
@@ -370,7 +370,7 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
                 run.optimizer.zero_grad(set_to_none=True)
                 if acc.sync_gradients and run.ema is not None:
                     run.ema.step()
-            log.add(mb == 0, stats, loss, counted, log_prob, logp_old[rows, k])
+            log.add(stats, loss, counted=counted, first=mb == 0, log_prob=log_prob, logp_old=logp_old[rows, k])
     return log.summary(acc, zero_adv, run.N)
 
 
@@ -379,16 +379,15 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
 # ================================================================================================================
 
 
-def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: torch.Tensor, finals: dict,
+def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: torch.Tensor, *, finals: dict,
                   train_stats: dict, nfe: int, timer: dict) -> dict[str, float]:
-    """Step 5: the iteration's metrics (the README's metrics table explains each). R_all (N, W+1 or 1), kept /
+    """Step 5: the iteration's metrics (docs/metrics.md explains each). R_all (N, W+1 or 1), kept /
     detected turning points (N, W), finals: the reward's parts, nfe: all processes' evaluations, timer: seconds."""
     cfg, W = run.cfg, run.cfg.window
-    r_sde = R_all[:, -1]  # (N,)
-    group = torch.arange(run.N) // cfg.group_size  # (N,) prompt group of every trajectory
+    r_sde = R_all[:, -1]  # (N,) in groups of G consecutive rows (assign_credit)
     stats = dict(train_stats)
     log = {"reward/mean": r_sde.mean().item(), "reward/std": r_sde.std(unbiased=False).item(),
-           "reward/zero_std_groups": grpo.zero_std_fraction(r_sde, group).item(),
+           "reward/zero_std_groups": grpo.zero_std_fraction(r_sde, cfg.group_size).item(),
            "train/grad_norm": stats.pop("grad_norm"), "train/lr": cfg.lr,
            "cost/transformer_evals": nfe, "cost/evals_per_trajectory": nfe / run.N,
            **{f"train/{k}": v for k, v in stats.items()},
@@ -409,30 +408,18 @@ def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: t
     return log
 
 
-def evaluate_policy(run: Run, tag: str, shipped: dict | None = None) -> dict[str, float]:
-    """Evaluate the (EMA) policy on the held-out set with the plain ODE (evaluate.sample_and_score); `shipped`:
-    known values of every image, of which only the grid's first images are recomputed (and must agree, else the
-    whole set is evaluated). Writes eval_<tag>.json and samples_<tag>.png; returns {"eval/<metric>": value}, with
-    the paired change against "before" (the same images) once that exists."""
+def evaluate_policy(run: Run, tag: str) -> dict[str, float]:
+    """Evaluate the (EMA) policy on the held-out set with the plain ODE (evaluate.sample_and_score), or before
+    training from the toy checkpoint's shipped values (`shipped_evaluation`). Writes eval_<tag>.json and
+    samples_<tag>.png; returns {"eval/<metric>": value}, with the paired change against "before" (the same images)
+    once that exists."""
     cfg, acc = run.cfg, run.accelerator
-    prompts, metadata = run.eval_set
+    prompts = run.eval_set[0]
     run.policy.eval()
     if run.ema is not None:
         run.ema.swap()  # the EMA weights are the ones evaluated (docs/method.md, 'SD3.5-Medium hyperparameters')
-    for samples in ([evaluate.GRID_IMAGES] if shipped else []) + [cfg.eval_samples]:
-        with acc.autocast():
-            result = evaluate.sample_and_score(run.pipe, prompts, metadata, run.reward_fn, samples, cfg.eval_steps,
-                                               cfg.eval_guidance, cfg.resolution, cfg.max_sequence_length,
-                                               cfg.reward_batch, acc, run.sampling_policy, cfg.eval_seed)
-        if shipped and torch.allclose(result["values"]["reward"], shipped["reward"][:samples], atol=1e-5):
-            result |= {"values": shipped, "summary": evaluate.summarize(shipped)}
-            acc.print(f"eval {tag}: the checkpoint's shipped values (its first {samples} images recomputed and "
-                      f"equal)")
-            break
-        if shipped:
-            acc.print(f"eval {tag}: the checkpoint's shipped values disagree with a fresh evaluation of its first "
-                      f"{samples} images on this machine; evaluating all {cfg.eval_samples}")
-            shipped = None
+    # before training, the toy checkpoint's shipped values stand in when its first images agree
+    result = (shipped_evaluation(run) if tag == "before" else None) or heldout_images(run, cfg.eval_samples)
     if run.ema is not None:
         run.ema.swap()
     summary = {f"eval/{k}": v for k, v in result["summary"].items()}
@@ -450,6 +437,34 @@ def evaluate_policy(run: Run, tag: str, shipped: dict | None = None) -> dict[str
             json.dump({"iteration": run.progress.iteration, **summary,
                        "per_image": evaluate.per_image(result["values"])}, f, indent=1)
     return summary
+
+
+def heldout_images(run: Run, samples: int) -> dict:
+    """evaluate.sample_and_score on the first `samples` held-out images, with the run's evaluation settings."""
+    cfg, (prompts, metadata) = run.cfg, run.eval_set
+    with run.accelerator.autocast():
+        return evaluate.sample_and_score(run.pipe, prompts, metadata, run.reward_fn, samples=samples,
+                                         steps=cfg.eval_steps, guidance=cfg.eval_guidance, resolution=cfg.resolution,
+                                         max_sequence_length=cfg.max_sequence_length, batch=cfg.reward_batch,
+                                         accelerator=run.accelerator, transformer=run.sampling_policy,
+                                         seed=cfg.eval_seed)
+
+
+def shipped_evaluation(run: Run) -> dict | None:
+    """The toy world's shortcut for the evaluation before training: a run from iteration 0 evaluates the base model
+    (LoRA's B = 0), whose values of every image the shipped checkpoint carries when the run's evaluation settings
+    are the ones they were computed with (toyworld.shipped_heldout_values). Only the grid's first images are
+    recomputed; if they agree, their images with the shipped values, else None (evaluate everything)."""
+    shipped, acc, samples = toyworld.shipped_heldout_values(run.cfg), run.accelerator, evaluate.GRID_IMAGES
+    if shipped is None:
+        return None
+    result = heldout_images(run, samples)
+    if torch.allclose(result["values"]["reward"], shipped["reward"][:samples], atol=1e-5):
+        acc.print(f"eval before: the checkpoint's shipped values (its first {samples} images recomputed and equal)")
+        return result | {"values": shipped, "summary": evaluate.summarize(shipped)}
+    acc.print(f"eval before: the checkpoint's shipped values disagree with a fresh evaluation of its first {samples} "
+              f"images on this machine; evaluating all {run.cfg.eval_samples}")
+    return None
 
 
 def log_grid(accelerator, grid, step: int):
@@ -509,7 +524,7 @@ def decode_and_score(run: Run, latents: torch.Tensor, prompts: list[str], metada
 
 
 class UpdateStats:
-    """The training statistics of one iteration (README, 'Logged metrics'): grpo_loss's statistics and the loss as
+    """The training statistics of one iteration (docs/metrics.md): grpo_loss's statistics and the loss as
     means over every counted (row, window step) of the iteration; the same for the first micro-batch alone
     ("first_"), which trains before any optimizer step, so its ratio rho must be 1 up to the numerics
     (first_ratio_dev, max |rho - 1| over all its rows, counted or not, checks the on-policy recomputation); the
@@ -518,7 +533,7 @@ class UpdateStats:
     def __init__(self):
         self.sums, self.first, self.first_dev, self.grad_norms = {}, {}, 0.0, []
 
-    def add(self, first: bool, stats: dict, loss: torch.Tensor, counted: int, log_prob: torch.Tensor,
+    def add(self, stats: dict, loss: torch.Tensor, *, counted: int, first: bool, log_prob: torch.Tensor,
             logp_old: torch.Tensor):
         """One window step of a micro-batch: its stats weighted by its `counted` rows; log_prob, logp_old (b,)."""
         for into in (self.sums, self.first) if first else (self.sums,):

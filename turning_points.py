@@ -35,8 +35,6 @@ R = [0, 2, 1.5, 1.8, 0.1].
 
 import torch
 
-from grpo import group_ids
-
 # the methods whose step rewards come from the completions (Flow-GRPO has none: grpo.flow_grpo_advantages)
 CREDITS = ("tp-grpo", "incremental")
 RULES = ("strict", "base")
@@ -60,6 +58,15 @@ def _check_rewards(R):
     if not bool(torch.isfinite(R).all()):
         raise ValueError("R contains NaN or inf; check the reward function's outputs")
     return R
+
+
+def _check_group(group, n):
+    """Validate the (N,) integer group ids; returns them as a list."""
+    if (not isinstance(group, torch.Tensor) or group.shape != (n,) or group.is_floating_point()
+            or group.is_complex() or group.dtype == torch.bool):
+        shape = tuple(group.shape) if isinstance(group, torch.Tensor) else type(group).__name__
+        raise ValueError(f"group must be an integer tensor of shape ({n},) (one prompt id per row), got {shape}")
+    return group.tolist()
 
 
 def incremental_rewards(R):
@@ -109,39 +116,30 @@ def balance_turning_points(turning_points, r_agg, group):
     Candidates are the turning points with r_agg != 0 (r_agg = 0 keeps d_k anyway). If a group has candidates
     of both signs, each side keeps only its m = min(n_pos, n_neg) with the largest |r_agg|; ties go to the
     earlier row, then the earlier step. A group whose candidates all share one sign keeps them all.
-    DEVIATION: the demo code balances inside each GPU's sampling batch (mixed prompts, an artifact of the batch
-    layout) and ranks by |Delta|; we balance per prompt group, the unit GRPO compares, ranking by the reward
-    actually assigned (|r_agg|).
     """
+    # DEVIATION: per prompt group, ranked by |r_agg|; the demo code balances per GPU batch, ranked by |Delta|
+    # (docs/deviations.md, 'Balancing per prompt group, ranked by |r_agg|').
     if turning_points.shape != r_agg.shape or turning_points.dim() != 2 or turning_points.dtype != torch.bool:
         raise ValueError(f"turning_points must be a bool (N, W) mask shaped like r_agg {tuple(r_agg.shape)}, "
                          f"got {turning_points.dtype} {tuple(turning_points.shape)}")
-    ids, n_groups = group_ids(group, r_agg.shape[0], r_agg.device)  # (N,)
-    # Sec. 5: keep candidate k iff its rank by |r_agg| among its group's candidates of its sign is < m,
-    #   m = min(n_pos, n_neg) of the group (all of them when m = 0). Worked example, one group:
+    ids = _check_group(group, r_agg.shape[0])  # N group ids
+    value = r_agg.tolist()  # N x W floats, exactly the tensor's values: the ranking below is the tensor's
+    candidates = {}  # group -> its candidates (row, step), in row-major order: the order that breaks ties
+    for i, k in (turning_points & (r_agg != 0)).nonzero().tolist():
+        candidates.setdefault(ids[i], []).append((i, k))
+    kept = torch.zeros_like(turning_points)  # (N, W)
+    # Sec. 5, per group. Worked example, one group:
     #     candidate (row, step)     (0,1)  (0,3)  (1,2)  (2,1)  (2,4)
     #     r_agg                     +0.3   -0.2   +0.5   -0.6   -0.1
-    #     side, rank by |r_agg|     + 1    - 1    + 0    - 0    - 2
-    #   n_pos = 2, n_neg = 3, m = 2: the four of rank < 2 are kept, (2,4) is dropped (its step keeps d_k).
-    cand = turning_points & (r_agg != 0)  # (N, W)
-    rows, cols = cand.nonzero(as_tuple=True)  # (M,), (M,) in row-major order = the tie-break order
-    value = r_agg[rows, cols]  # (M,)
-    # One segment per (group, side): 2*g for the negative side, 2*g + 1 for the positive side.
-    seg = 2 * ids[rows] + (value > 0).long()  # (M,)
-    # Sort by segment, inside a segment by |r_agg| descending; both sorts are stable, so ties keep row-major order.
-    order = torch.argsort(value.abs(), descending=True, stable=True)  # (M,)
-    order = order[torch.argsort(seg[order], stable=True)]  # (M,)
-    count = torch.bincount(seg, minlength=2 * n_groups)  # (2*n_groups,)
-    start = torch.cumsum(count, 0) - count  # (2*n_groups,) first sorted position of each segment
-    rank = torch.empty_like(order)  # (M,)
-    # rank within its segment: 0 = the largest |r_agg| of that group and side
-    rank[order] = torch.arange(order.numel(), device=order.device) - start[seg[order]]
-    n_neg, n_pos = count[0::2], count[1::2]  # (n_groups,) each
-    m = torch.minimum(n_neg, n_pos)  # (n_groups,)
-    # m = 0: one side is empty, keep every candidate of the group (the demo code does this too).
-    limit = torch.where(m > 0, m, torch.maximum(n_neg, n_pos))  # (n_groups,)
-    kept = torch.zeros_like(cand)  # (N, W)
-    kept[rows, cols] = rank < limit[ids[rows]]
+    #   n_pos = 2, n_neg = 3, m = 2: each side keeps its two largest |r_agg|, so (2,4) is dropped (it keeps d_k).
+    for cells in candidates.values():
+        positive = [(i, k) for i, k in cells if value[i][k] > 0]
+        negative = [(i, k) for i, k in cells if value[i][k] < 0]
+        m = min(len(positive), len(negative))  # m = 0: one side is empty, keep all (the demo code does this too)
+        for side in (positive, negative):
+            ranked = sorted(side, key=lambda c: -abs(value[c[0]][c[1]]))  # stable: ties keep row-major order
+            for i, k in ranked[:m] if m > 0 else ranked:
+                kept[i, k] = True
     return kept
 
 

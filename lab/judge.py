@@ -65,8 +65,9 @@ def sde_continuations(pipe, ro, cond, cfg, noise_level, M, seed, reward):
         i = ro.w0 + k  # s_k sits at grid index w0 + k
         x = ro.states[:, k].repeat(M, 1, 1, 1)  # (M*n, C, h, w): M blocks of the n states
         gens = S.make_generators([S.member_seed(seed, k, j, m) for m in range(M) for j in range(n)])
-        cont = S.rollout(pipe.transformer, cond.rows(torch.arange(n).repeat(M)), x, gens, ro.sigmas[i:],
-                         ro.timesteps[i:], 0, W - k, noise_level, cfg.sampler, cfg.guidance)
+        cont = S.rollout(pipe.transformer, cond.rows(torch.arange(n).repeat(M)), x, gens, sigmas=ro.sigmas[i:],
+                         timesteps=ro.timesteps[i:], w0=0, window=W - k, noise_level=noise_level, kind=cfg.sampler,
+                         guidance_scale=cfg.guidance)
         r = reward(cont.final).reshape(M, n).T  # (n, M)
         mean[:, k], sd[:, k] = r.mean(1), r.std(1)
     mean[:, W] = reward(ro.final)  # (n,)
@@ -116,8 +117,8 @@ def toy_trajectories(pipe, cfg, reward_fn, members: int, noise_level: float, see
     gens = S.make_generators([S.member_seed(seed, 0, j // members, j % members) for j in range(len(prompts))])
     x_T = S.draw_noise(gens, models.latent_shape(pipe, cfg.resolution), "cpu")  # (n, C, h, w)
     sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps)
-    ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, cfg.window, noise_level, cfg.sampler,
-                   cfg.guidance, complete=True)
+    ro = S.wavefront_rollout(pipe.transformer, cond, x_T, gens, sigmas=sigmas, timesteps=timesteps, w0=0,
+                             window=cfg.window, noise_level=noise_level, kind=cfg.sampler, guidance_scale=cfg.guidance)
     n = len(prompts)
 
     def reward(latents):  # latents in blocks of n, trajectory order inside each block
@@ -157,13 +158,14 @@ def fidelity(args) -> dict:
     groups of `members` trajectories of one caption) and the evaluations each judge costs per trajectory."""
     cfg, pipe, reward_fn, _ = toy_setup()
     ro, cond, R_ode, reward, group = toy_trajectories(pipe, cfg, reward_fn, args.members, cfg.noise_level, args.seed)
-    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, group)[0], group)  # noqa: E731  (n, W)
+    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, group)[0], args.members)  # noqa: E731  (n, W)
     out = {"settings": {"prompts": 48, "members": args.members, "steps": cfg.steps, "window": cfg.window,
                         "noise_level": cfg.noise_level, "seed": args.seed}, "judges": {}}
     for spec in args.judges:
         K = S.completion_steps(spec)
         count = models.EvalCounter()
-        completions = S.complete_naive(pipe.transformer, ro, cond, cfg.guidance, count, K)  # (n, W+1, C, h, w)
+        completions = S.complete_naive(pipe.transformer, ro, cond, cfg.guidance, counter=count,
+                                       completion_steps=K)  # (n, W+1, C, h, w)
         R = reward(completions.transpose(0, 1).flatten(0, 1)).reshape(cfg.window + 1, -1).T  # (n, W+1)
         # the wavefront's cost: the rollout's T, plus every completion step but each branch's first
         per_trajectory = cfg.steps + count.nfe / R.shape[0] - cfg.window
@@ -264,8 +266,8 @@ def figures(args) -> None:
     cond = models.encode_prompts(pipe, [prompt], cfg.guidance, cfg.max_sequence_length).repeat(G)
     gens = S.make_generators([S.member_seed(args.seed, 0, 0, m) for m in range(G)])
     x_T = S.draw_noise(gens, models.latent_shape(pipe, cfg.resolution), "cpu")  # (G, C, h, w)
-    ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas, timesteps, 0, W, cfg.noise_level, cfg.sampler,
-                   cfg.guidance, complete=True)
+    ro = S.wavefront_rollout(pipe.transformer, cond, x_T, gens, sigmas=sigmas, timesteps=timesteps, w0=0, window=W,
+                             noise_level=cfg.noise_level, kind=cfg.sampler, guidance_scale=cfg.guidance)
     images = models.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, h, w)
     R = reward_fn(images, [prompt] * len(images), [meta] * len(images))[0].reshape(G, W + 1)  # (G, W+1)
     group = torch.zeros(G, dtype=torch.long)

@@ -83,8 +83,10 @@ def evaluate(pipe, samples: int = HELDOUT_SIZE, steps: int = STEPS, guidance_sca
         return parts["score"], parts
 
     start = time.perf_counter()
-    out = evaluation.sample_and_score(pipe, prompts, metas, reward_fn, samples, steps, guidance_scale, RESOLUTION,
-                                      MAX_SEQUENCE_LENGTH, batch=64, seed=SHIPPED_EVALS[split][1]["eval_seed"])
+    out = evaluation.sample_and_score(pipe, prompts, metas, reward_fn, samples=samples, steps=steps,
+                                      guidance=guidance_scale, resolution=RESOLUTION,
+                                      max_sequence_length=MAX_SEQUENCE_LENGTH, batch=64,
+                                      seed=SHIPPED_EVALS[split][1]["eval_seed"])
     seconds = time.perf_counter() - start
     values, wanted = out["values"], torch.tensor([m["count"] for m in metas])  # {name: (N,)}, (N,)
     result = {name: values[name].mean().item() for name in ("score", "strict", "colour", "count")}

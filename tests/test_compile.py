@@ -64,7 +64,8 @@ def test_inductor_compiled_rollout_with_completions_equals_eager():
     def rollout(transformer):
         gens = S.make_generators([S.member_seed(0, 0, i, 0) for i in range(3)])
         x_T = S.draw_noise(gens, shape, "cpu")  # (3, C, h, w)
-        return S.rollout(transformer, cond, x_T, gens, sigmas, timesteps, 0, 9, 0.7, "cps", 4.5, complete=True)
+        return S.wavefront_rollout(transformer, cond, x_T, gens, sigmas=sigmas, timesteps=timesteps, w0=0, window=9,
+                                   noise_level=0.7, kind="cps", guidance_scale=4.5)
 
     eager = rollout(pipe.transformer)
     # 6 images per call: the wavefront's calls of 3 x (1 + live) x 2 (CFG) images are whole chunks

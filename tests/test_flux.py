@@ -21,6 +21,7 @@ from tests.test_train import _adapted, lora_file
 
 T, W, PX = 6, 5, 32  # the FLUX presets' schedule (pickscore-flux: W = 5 from w0 = 0), the tiny model's resolution
 PROMPTS = ["a red cat", "two dogs"]
+SAMPLING = dict(steps=T, guidance_scale=3.5, resolution=PX, max_sequence_length=32)  # sampler.generate's settings
 FAST = ["--task", "pickscore-flux", "--model", "tiny-flux", "--rewards", "jpeg_compressibility:1",
         "--prompts", "toy:train", "--eval-prompts", "toy:heldout", "--resolution", str(PX), "--prompts-per-iter", "2",
         "--group-size", "3", "--eval-samples", "4", "--eval-steps", str(T), "--max-sequence-length", "32",
@@ -59,8 +60,10 @@ def test_ode_sampler_and_decoding_equal_diffusers_flux_pipeline(pipe, grid):
                   max_sequence_length=32)
     ref = pipe(latents=x_T.clone(), output_type="latent", **kwargs).images  # (2, 4, 64)
     torch.testing.assert_close(grid[0], pipe.scheduler.sigmas, rtol=0, atol=0)  # the same shifted grid
-    ode = S.ode_complete(pipe.transformer, x_T, 0, cond, *grid, 3.5)
-    ro = S.rollout(pipe.transformer, cond, x_T, gens, *grid, 0, W, 0.0, "cps", 3.5)  # a = 0: all ODE
+    sigmas, timesteps = grid
+    ode = S.ode_complete(pipe.transformer, x_T, 0, cond, sigmas=sigmas, timesteps=timesteps, guidance_scale=3.5)
+    ro = S.rollout(pipe.transformer, cond, x_T, gens, sigmas=sigmas, timesteps=timesteps, w0=0, window=W,
+                   noise_level=0.0, kind="cps", guidance_scale=3.5)  # a = 0: all ODE
     torch.testing.assert_close(ode, ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(ro.final, ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(models.unpack(ref), pipe._unpack_latents(ref, PX, PX, pipe.vae_scale_factor), rtol=0, atol=0)
@@ -108,7 +111,8 @@ def test_log_probs_on_packed_latents_are_the_gaussian_ones(grid, kind, i):
 @pytest.mark.parametrize("kind", S.SAMPLERS)
 def test_batched_completions_equal_the_naive_loop_one_pass_per_image(pipe, grid, kind):
     cond, gens, x_T = _setup(pipe, group=3)
-    ro = S.rollout(pipe.transformer, cond, x_T, gens, *grid, 0, W, 0.8, kind, 3.5, complete=True)
+    settings = dict(sigmas=grid[0], timesteps=grid[1], w0=0, window=W, noise_level=0.8, kind=kind, guidance_scale=3.5)
+    ro = S.wavefront_rollout(pipe.transformer, cond, x_T, gens, **settings)
     naive = S.complete_naive(pipe.transformer, ro, cond, 3.5)
     assert ro.completions.shape == (6, W + 1, 4, 64) == naive.shape
     torch.testing.assert_close(ro.completions, naive, rtol=0, atol=1e-5)
@@ -116,8 +120,8 @@ def test_batched_completions_equal_the_naive_loop_one_pass_per_image(pipe, grid,
     # T = 6, W = 5: 6 + 5 + 4 + 3 + 2 + 1 = 21 evaluations in 6 calls, each image once (no CFG pair)
     assert ro.counter.nfe == 21 * 6 and ro.counter.calls == T
     # a cheaper judge on packed latents: two Euler steps per state, batched as the naive loop computes them
-    two = S.rollout(pipe.transformer, cond, x_T, S.make_generators([S.member_seed(0, 0, 0, m) for m in range(6)]),
-                    *grid, 0, W, 0.8, kind, 3.5, complete=True, completion_steps=2)
+    gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(6)])
+    two = S.wavefront_rollout(pipe.transformer, cond, x_T, gens, **settings, completion_steps=2)
     torch.testing.assert_close(two.completions, S.complete_naive(pipe.transformer, two, cond, 3.5, completion_steps=2),
                                rtol=0, atol=1e-5)
     # the rollout's log-probs are what training recomputes from the stored states
@@ -159,13 +163,13 @@ def test_saved_lora_loads_into_flux_pipeline_and_reproduces_the_policy(trained):
     folder = os.path.join(out, "checkpoints", "iter-000002", "lora")
     seeds = [1, 2]
     pipe = models.tiny_flux_pipeline()
-    base = S.generate(pipe, PROMPTS, seeds, T, 3.5, PX, 32)
+    base = S.generate(pipe, PROMPTS, seeds, **SAMPLING)
     pipe.load_lora_weights(folder)  # FluxPipeline's LoRA loader (diffusers' format, lora_alpha in the metadata)
-    loaded = S.generate(pipe, PROMPTS, seeds, T, 3.5, PX, 32)
+    loaded = S.generate(pipe, PROMPTS, seeds, **SAMPLING)
     assert (loaded - base).abs().max() > 1e-4
     policy = models.tiny_flux_pipeline()
     policy.transformer = result["policy"].eval()
-    torch.testing.assert_close(loaded, S.generate(policy, PROMPTS, seeds, T, 3.5, PX, 32), rtol=0, atol=1e-5)
+    torch.testing.assert_close(loaded, S.generate(policy, PROMPTS, seeds, **SAMPLING), rtol=0, atol=1e-5)
     live, ema = lora_file(out, 2), lora_file(out, 2, "lora_ema")
     assert live.keys() == ema.keys() and any(not torch.equal(live[k], ema[k]) for k in live)
 
@@ -174,9 +178,9 @@ def test_evaluate_on_a_saved_tiny_flux_folder(trained, tmp_path):
     model = str(tmp_path / "tiny-flux")
     models.tiny_flux_pipeline().save_pretrained(model)  # a local folder: model_index.json names FluxPipeline
     checkpoint = os.path.join(trained[1], "checkpoints", "iter-000002")
-    summary = evaluate.main(["--task", "pickscore-flux", "--model", model, "--prompts", "toy:heldout",
+    summary = evaluate.main(["--task", "pickscore-flux", "--model", model, "--eval-prompts", "toy:heldout",
                              "--rewards", "jpeg_compressibility:1", "--checkpoint", checkpoint, "--ema",
-                             "--samples", "3", "--steps", "2", "--output", str(tmp_path / "eval")])
+                             "--eval-samples", "3", "--eval-steps", "2", "--output-dir", str(tmp_path / "eval")])
     written = json.load(open(tmp_path / "eval" / "eval.json"))
     assert written["samples"] == 3 and written["guidance"] == 3.5 and len(written["per_image"]["reward"]) == 3
     assert math.isfinite(summary["reward"]) and os.path.getsize(tmp_path / "eval" / "grid.png") > 0

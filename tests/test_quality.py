@@ -348,9 +348,9 @@ def test_drawbench_table_on_tiny_models(tmp_path, capsys, clip_dir, aesthetic_pa
     paths = (f"pickscore={clip_dir},pickscore_processor={clip_dir},clip_l14={clip_dir},aesthetic={aesthetic_path},"
              f"imagereward={imagereward_dir},imagereward_tokenizer={imagereward_dir},unifiedreward={unifiedreward_dir}")
     out = tmp_path / "eval"
-    summary = evaluate.main(["--task", "drawbench", "--model", "tiny", "--checkpoint", "none", "--prompts",
-                             str(prompts), "--samples", "3", "--steps", "2", "--resolution", "32", "--batch", "2",
-                             "--model-paths", paths, "--output", str(out)])
+    summary = evaluate.main(["--task", "drawbench", "--model", "tiny", "--checkpoint", "none", "--eval-prompts",
+                             str(prompts), "--eval-samples", "3", "--eval-steps", "2", "--resolution", "32",
+                             "--reward-batch", "2", "--model-paths", paths, "--output-dir", str(out)])
     written = json.loads((out / "eval.json").read_text())
     for metric in ("pickscore_raw", "aesthetic", "imagereward"):
         assert math.isfinite(written[metric]) and len(written["per_image"][metric]) == 3, metric

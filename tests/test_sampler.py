@@ -32,11 +32,20 @@ def _setup(pipe, prompts, group, guidance=4.5, seed=0):
     return cond, gens, x_T
 
 
+def on(grid):
+    """The grid (sigmas, timesteps) as the keywords of rollout, wavefront_rollout and ode_complete."""
+    return dict(sigmas=grid[0], timesteps=grid[1])
+
+
 def _rollout(pipe, grid, prompts=("a red cat", "two dogs"), group=3, guidance=4.5, w0=0, window=W, kind="cps",
-             noise_level=0.7, complete=True, chunk_size=None, seed=0, completion_steps=None):
+             noise_level=0.7, complete=True, chunk_size=None, seed=0, completion_steps=None, plain=False):
+    """The fast path (wavefront_rollout, as train.py calls it), or with plain=True the paper's `rollout`."""
     cond, gens, x_T = _setup(pipe, list(prompts), group, guidance, seed)
-    ro = S.rollout(pipe.transformer, cond, x_T, gens, *grid, w0, window, noise_level, kind, guidance,
-                   complete=complete, chunk_size=chunk_size, completion_steps=completion_steps)
+    settings = dict(**on(grid), w0=w0, window=window, noise_level=noise_level, kind=kind, guidance_scale=guidance)
+    if plain:
+        return S.rollout(pipe.transformer, cond, x_T, gens, **settings), cond
+    ro = S.wavefront_rollout(pipe.transformer, cond, x_T, gens, **settings, complete=complete, chunk_size=chunk_size,
+                             completion_steps=completion_steps)
     return ro, cond
 
 
@@ -132,8 +141,9 @@ def test_pure_ode_rollout_equals_diffusers_pipeline(pipe, grid, guidance):
     cond, gens, x_T = _setup(pipe, prompts, 1, guidance)
     ref = pipe(prompt=prompts, negative_prompt=["", ""], latents=x_T.clone(), num_inference_steps=T,
                guidance_scale=guidance, height=16, width=16, output_type="latent", max_sequence_length=16).images
-    ode = S.ode_complete(pipe.transformer, x_T, 0, cond, *grid, guidance)
-    ro = S.rollout(pipe.transformer, cond, x_T, gens, *grid, 0, W, 0.0, "sde", guidance)  # a = 0: all ODE
+    ode = S.ode_complete(pipe.transformer, x_T, 0, cond, **on(grid), guidance_scale=guidance)
+    ro = S.rollout(pipe.transformer, cond, x_T, gens, **on(grid), w0=0, window=W, noise_level=0.0, kind="sde",
+                   guidance_scale=guidance)  # a = 0: all ODE
     torch.testing.assert_close(ode, ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(ro.final, ref, rtol=0, atol=1e-5)
 
@@ -171,14 +181,32 @@ def test_batched_completions_equal_the_naive_loop(pipe, grid, w0, window, kind, 
     assert ro.completions.shape == (6, window + 1, 4, 8, 8) == naive.shape
     torch.testing.assert_close(ro.completions, naive, rtol=0, atol=1e-5)
     # the last window state, finished by the ODE, is the trajectory's own final latent
-    last = S.ode_complete(pipe.transformer, ro.states[:, -1], w0 + window, cond, *grid, 4.5)
+    last = S.ode_complete(pipe.transformer, ro.states[:, -1], w0 + window, cond, **on(grid), guidance_scale=4.5)
     torch.testing.assert_close(last, ro.final, rtol=0, atol=1e-5)
     # R_0's completion is the pure-ODE image of the SAME initial noise (a deviation from the demo code:
     # docs/method.md, 'Conventions and deviations')
-    pure = S.ode_complete(pipe.transformer, ro.x_T, 0, cond, *grid, 4.5)
+    pure = S.ode_complete(pipe.transformer, ro.x_T, 0, cond, **on(grid), guidance_scale=4.5)
     torch.testing.assert_close(ro.completions[:, 0], pure, rtol=0, atol=1e-5)
     # the completions are not all the same image: the window's noise moved the states
     assert (ro.completions[:, 0] - ro.completions[:, -1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("w0,window,kind,chunk,K", [(0, W, "cps", None, None), (2, 5, "sde", None, None),
+                                                   (0, W, "cps", 7, None), (1, 6, "sde", None, 2)])
+def test_the_fast_path_is_the_papers_version(pipe, grid, w0, window, kind, chunk, K):
+    """wavefront_rollout (train.py's) against the plain rollout + complete_naive, run separately from the same
+    noise: the same trajectories, log-probs and completions up to float32 rounding (the wavefront evaluates the
+    rollout state in larger batches); without completions it IS the plain rollout, bit for bit."""
+    fast, _ = _rollout(pipe, grid, w0=w0, window=window, kind=kind, chunk_size=chunk, completion_steps=K)
+    plain, cond = _rollout(pipe, grid, w0=w0, window=window, kind=kind, plain=True)
+    assert plain.completions is None and plain.counter.nfe == T * 6 and plain.counter.calls == T
+    for a, b in [(fast.states, plain.states), (fast.log_probs, plain.log_probs), (fast.final, plain.final),
+                 (fast.completions, S.complete_naive(pipe.transformer, plain, cond, 4.5, completion_steps=K))]:
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    alone, _ = _rollout(pipe, grid, w0=w0, window=window, kind=kind, complete=False)
+    for a, b in [(alone.states, plain.states), (alone.log_probs, plain.log_probs), (alone.final, plain.final)]:
+        assert torch.equal(a, b)
+    assert alone.completions is None and (alone.counter.nfe, alone.counter.calls) == (T * 6, T)
 
 
 def test_counting_55_batched_64_demo_layout(pipe, grid):
@@ -188,7 +216,7 @@ def test_counting_55_batched_64_demo_layout(pipe, grid):
     flow_grpo, _ = _rollout(pipe, grid, group=4, complete=False)
     assert flow_grpo.counter.nfe == T * n and flow_grpo.counter.calls == T
     naive = models.EvalCounter()
-    S.complete_naive(pipe.transformer, ro, cond, 4.5, naive)
+    S.complete_naive(pipe.transformer, ro, cond, 4.5, counter=naive)
     # demo layout: 10 rollout + a pure-ODE run of 10 + completions of s_1..s_8 (9 + ... + 2)
     assert flow_grpo.counter.nfe + naive.nfe == 64 * n
     chunked, _ = _rollout(pipe, grid, group=4, chunk_size=5)
@@ -213,7 +241,7 @@ def test_x0_judge_is_the_rollouts_own_velocity_at_no_extra_call(pipe, grid):
 def test_k_step_judge_is_the_naive_loop_on_its_sub_grid(pipe, grid, K):
     ro, cond = _rollout(pipe, grid, w0=1, window=6, kind="sde", completion_steps=K)
     naive_count = models.EvalCounter()
-    naive = S.complete_naive(pipe.transformer, ro, cond, 4.5, naive_count, completion_steps=K)
+    naive = S.complete_naive(pipe.transformer, ro, cond, 4.5, counter=naive_count, completion_steps=K)
     torch.testing.assert_close(ro.completions, naive, rtol=0, atol=1e-5)
     n = ro.x_T.shape[0]
     # the wavefront: the rollout's T plus each branch's steps but its first (the rollout's own velocity), in T calls

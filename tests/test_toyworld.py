@@ -285,8 +285,8 @@ def test_shipped_values_are_a_fresh_evaluation_of_the_checkpoint(split, tmp_path
     for name, key in [("reward", "score"), ("toy_colour", "colour"), ("toy_count", "count"), ("toy_strict", "strict")]:
         torch.testing.assert_close(torch.tensor(saved["per_image"][name][:64]), fresh[key], rtol=0, atol=1e-6)
     # evaluate.py scores the base model on the split's own noise too (toy:validation has its own eval seed)
-    summary = evaluate.main(["--task", "tiny", "--checkpoint", "none", "--prompts", f"toy:{split}", "--samples", "8",
-                             "--output", str(tmp_path)])
+    summary = evaluate.main(["--task", "tiny", "--checkpoint", "none", "--eval-prompts", f"toy:{split}",
+                             "--eval-samples", "8", "--output-dir", str(tmp_path)])
     written = json.load(open(tmp_path / "eval.json"))
     assert written["seed"] == settings["eval_seed"] and summary["reward"] == written["reward"]
     torch.testing.assert_close(torch.tensor(written["per_image"]["reward"]),

@@ -170,14 +170,15 @@ def test_saved_lora_loads_into_diffusers_and_reproduces_the_policy(tmp_path):
     result, out = run(tmp_path, "--ema-decay", "0.5", "--ema-every", "1", "--lr", "3e-3")
     folder = os.path.join(out, "checkpoints", "iter-000002")
     prompts, seeds = ["two red squares", "one blue circle"], [1, 2]
+    sampling = dict(steps=10, guidance_scale=4.5, resolution=16, max_sequence_length=32)
     pipe = models.tiny_pipeline()
-    base = S.generate(pipe, prompts, seeds, 10, 4.5, 16, 32)
+    base = S.generate(pipe, prompts, seeds, **sampling)
     pipe.load_lora_weights(os.path.join(folder, "lora"))
-    loaded = S.generate(pipe, prompts, seeds, 10, 4.5, 16, 32)
+    loaded = S.generate(pipe, prompts, seeds, **sampling)
     assert (loaded - base).abs().max() > 1e-4  # the LoRA changes the output...
     trained = models.tiny_pipeline()
     trained.transformer = result["policy"].eval()
-    torch.testing.assert_close(loaded, S.generate(trained, prompts, seeds, 10, 4.5, 16, 32), rtol=0, atol=1e-5)
+    torch.testing.assert_close(loaded, S.generate(trained, prompts, seeds, **sampling), rtol=0, atol=1e-5)
     # ...and is exactly the trained policy; the EMA weights are saved beside it and differ from the live ones
     live, ema = lora_file(out, 2), lora_file(out, 2, "lora_ema")
     assert live.keys() == ema.keys() and any(not torch.equal(live[k], ema[k]) for k in live)
@@ -245,8 +246,8 @@ def test_two_processes_train_in_sync(tmp_path):
     ev = str(tmp_path / "eval")
     checkpoint = os.path.join(out, "checkpoints", "iter-000002")
     proc = _launch_two([os.path.join(ROOT, "evaluate.py"), "--task", "tiny", "--model", "tiny", "--rewards",
-                        "jpeg_compressibility:1", "--checkpoint", checkpoint, "--samples", "5", "--output", ev,
-                        "--steps", "4"])
+                        "jpeg_compressibility:1", "--checkpoint", checkpoint, "--eval-samples", "5", "--output-dir", ev,
+                        "--eval-steps", "4"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = json.load(open(os.path.join(ev, "eval.json")))
     assert written["samples"] == 5 and all(torch.isfinite(torch.tensor(v)) for v in written.values()
@@ -254,8 +255,8 @@ def test_two_processes_train_in_sync(tmp_path):
     assert len(written["per_image"]["reward"]) == 5  # the padded duplicate dropped out
     assert os.path.getsize(os.path.join(ev, "grid.png")) > 0
     single = evaluate.main(["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1",
-                            "--checkpoint", checkpoint, "--samples", "5", "--output", str(tmp_path / "ev1"),
-                            "--steps", "4"])
+                            "--checkpoint", checkpoint, "--eval-samples", "5", "--output-dir", str(tmp_path / "ev1"),
+                            "--eval-steps", "4"])
     assert abs(single["reward"] - written["reward"]) < 1e-5  # the same 5 images, however many processes
 
 
@@ -287,9 +288,9 @@ def test_groups_split_over_processes_get_single_process_advantages(tmp_path):
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     R = ranks[0]["R"]
     group = torch.arange(12) // 4
-    expected = {"flow-grpo": grpo.flow_grpo_advantages(R[:, -1], group, 4)}
+    expected = {"flow-grpo": grpo.flow_grpo_advantages(R[:, -1], 4, 4)}
     for algo in ("tp-grpo", "incremental"):
-        expected[algo] = grpo.per_timestep_advantages(tp.step_rewards(R, group, algo)[0], group)
+        expected[algo] = grpo.per_timestep_advantages(tp.step_rewards(R, group, algo)[0], 4)
     for algo, adv in expected.items():
         assert adv.abs().sum() > 0
         for r in ranks:

@@ -1,6 +1,10 @@
-"""Tests for turning_points.py: the worked examples of docs/method.md ('Worked examples'), properties on seeded
-random groups, and the vectorized balancing against a plain-Python per-group oracle written from the wording of
-Def. 4.1, Remark 4.2, Def. 5.1 and docs/method.md, 'Turning points' to 'Per-step rewards of the three methods'."""
+"""Tests for turning_points.py: the worked examples of docs/method.md ('Worked examples') and hand-computed cases,
+properties on seeded random groups, and everything against a plain-Python oracle written from the wording of
+Def. 4.1, Remark 4.2, Def. 5.1 and docs/method.md, 'Turning points' to 'Per-step rewards of the three methods', whose
+balancing enumerates every choice of kept turning points (a different algorithm from the per-group ranking of
+turning_points.balance_turning_points)."""
+
+import itertools
 
 import pytest
 import torch
@@ -42,15 +46,19 @@ def oracle(R, group, rule):
                 tp[i][k - 1] = c[k - 2] < 0 and c[k - 1] > 0 and (rule == "base" or keeps_moving)
     kept = [[False] * W for _ in range(N)]
     for g in set(group):
-        cands = [(abs(R[i][W] - R[i][k]), i, k, R[i][W] - R[i][k] > 0)
-                 for i in range(N) if group[i] == g for k in range(W) if tp[i][k] and R[i][W] != R[i][k]]
-        pos = sorted([c for c in cands if c[3]], key=lambda c: (-c[0], c[1], c[2]))
-        neg = sorted([c for c in cands if not c[3]], key=lambda c: (-c[0], c[1], c[2]))
-        if pos and neg:
-            m = min(len(pos), len(neg))
-            pos, neg = pos[:m], neg[:m]
-        for _, i, k, _ in pos + neg:
-            kept[i][k] = True
+        # r_agg_k = R_sde - R_{k-1}: column k-1 of R's first W columns
+        r_agg = {(i, k): R[i][W] - R[i][k] for i in range(N) if group[i] == g for k in range(W) if tp[i][k]}
+        sides = [[c for c, r in r_agg.items() if r > 0], [c for c, r in r_agg.items() if r < 0]]
+        m = min(len(s) for s in sides)
+        for side in sides:
+            # of every choice of m (all of them when the other side is empty), the one whose every member outranks
+            # every candidate it leaves out: a larger |r_agg|, on a tie the earlier trajectory, then the earlier step
+            outranks = lambda a, b: (-abs(r_agg[a]), a) < (-abs(r_agg[b]), b)  # noqa: E731
+            choices = [kept_ for kept_ in itertools.combinations(side, m if m else len(side))
+                       if all(outranks(a, b) for a in kept_ for b in side if b not in kept_)]
+            assert len(choices) == 1  # the rule always names exactly one set
+            for i, k in choices[0]:
+                kept[i][k] = True
     rewards = [[R[i][W] - R[i][k] if kept[i][k] else R[i][k + 1] - R[i][k] for k in range(W)] for i in range(N)]
     return tp, kept, rewards
 
@@ -125,7 +133,7 @@ def test_groups_are_balanced_separately_wherever_their_rows_are():
 
 
 @pytest.mark.parametrize("seed,quantized,rule", CASES)
-def test_vectorized_matches_the_python_oracle(seed, quantized, rule):
+def test_matches_the_python_oracle(seed, quantized, rule):
     R, group = random_groups(seed, quantized)
     tp, kept, rewards = oracle(R.tolist(), group.tolist(), rule)
     assert detect_turning_points(R, rule).tolist() == tp

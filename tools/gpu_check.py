@@ -103,11 +103,12 @@ def train_runs(args) -> dict:
                      **{k: last[f"time/{k}_s"] for k in PHASE_KEYS}}
     ratio = sum(runs["tp-grpo"][k] for k in PHASE_KEYS) / sum(runs["flow-grpo"][k] for k in PHASE_KEYS)
     lora = os.path.join(args.out, "tp-grpo", "checkpoints", "iter-000002")
-    model = ["--task", "tiny", "--model", "tiny", "--steps", "4", "--samples", "2"] if args.dry_run else \
-        ["--task", "pickscore", "--model", "random-sd35m", "--steps", "10", "--samples", "4", "--batch", "4"]
+    model = ["--task", "tiny", "--model", "tiny", "--eval-steps", "4", "--eval-samples", "2"] if args.dry_run else \
+        ["--task", "pickscore", "--model", "random-sd35m", "--eval-steps", "10", "--eval-samples", "4",
+         "--reward-batch", "4"]
     start = time.perf_counter()
-    summary = evaluate.main([*model, "--checkpoint", lora, "--prompts", "toy:heldout", "--rewards",
-                             "jpeg_compressibility:1", "--output", os.path.join(args.out, "evaluate")])
+    summary = evaluate.main([*model, "--checkpoint", lora, "--eval-prompts", "toy:heldout", "--rewards",
+                             "jpeg_compressibility:1", "--output-dir", os.path.join(args.out, "evaluate")])
     return {"runs": runs, "tp_over_flow": ratio,
             "evaluate": {"checkpoint": lora, "reward": summary["reward"], "seconds": time.perf_counter() - start}}
 
