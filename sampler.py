@@ -173,6 +173,25 @@ def check_window(steps: int, w0: int, window: int) -> None:
                          f"choose 0 <= w0 and 1 <= W <= T - w0")
 
 
+def grid_step(x: torch.Tensor, v: torch.Tensor, i: int, *, sigmas: torch.Tensor, w0: int, window: int,
+              noise_level: float, kind: str, generators: list[torch.Generator], states: list,
+              log_probs: list) -> torch.Tensor:
+    """Algorithm 1's step at grid index i, from the velocity v (n, C, h, w): inside the window (window step
+    k = i - w0 + 1) s_k ~ p(. | s_{k-1}) with log p(s_k | s_{k-1}) for the PPO ratio (Sec. 3), appended to
+    `log_probs` and s_{k-1} (and after the last window step s_W) to `states`; outside it the Euler ODE step."""
+    if w0 <= i < w0 + window:
+        states.append(x)
+        out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
+                              noise=draw_noise(generators, x.shape[1:], x.device))
+        x = out.next  # (n, C, h, w)
+        log_probs.append(out.log_prob)
+    else:
+        x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, h, w)
+    if i == w0 + window - 1:
+        states.append(x)  # s_W
+    return x
+
+
 @torch.no_grad()
 def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.Generator], *, sigmas: torch.Tensor,
             timesteps: torch.Tensor, w0: int, window: int, noise_level: float, kind: str,
@@ -188,17 +207,8 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
     states, log_probs = [], []
     for i in range(steps):  # Algorithm 1: from sigma_0 = 1 down to sigma_T = 0
         v = velocity(transformer, x, timesteps[i].expand(n), cond, guidance_scale, counter)  # (n, C, h, w)
-        if w0 <= i < w0 + window:
-            # window step k = i - w0 + 1: s_k ~ p(. | s_{k-1}), and log p(s_k | s_{k-1}) for the PPO ratio (Sec. 3)
-            states.append(x)
-            out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
-                                  noise=draw_noise(generators, x.shape[1:], x.device))
-            x = out.next  # (n, C, h, w)
-            log_probs.append(out.log_prob)
-        else:
-            x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, h, w)
-        if i == w0 + window - 1:
-            states.append(x)  # s_W
+        x = grid_step(x, v, i, sigmas=sigmas, w0=w0, window=window, noise_level=noise_level, kind=kind,
+                      generators=generators, states=states, log_probs=log_probs)  # (n, C, h, w)
     return Rollout(sigmas, timesteps, w0, window, x_T.float(), states=torch.stack(states, 1),
                    log_probs=torch.stack(log_probs, 1), final=x, counter=counter)  # (n, W+1, C, h, w), (n, W)
 
@@ -306,19 +316,11 @@ def wavefront_rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: li
         v = v_all[:n]  # (n, C, h, w) the rollout state's
         for j, b in enumerate(here):
             b.advance(v_all[n * (j + 1):n * (j + 2)], sigmas)
-        if w0 <= i < w0 + window:
-            states.append(x)
-            if complete:  # a new branch from s_k; its first step reuses the rollout's v(s_k, sigma_{w0+k})
-                branches.append(Branch(x, completion_grid(i, steps, completion_steps)))
-                branches[-1].advance(v, sigmas)
-            out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
-                                  noise=draw_noise(generators, x.shape[1:], x.device))
-            x = out.next  # (n, C, h, w)
-            log_probs.append(out.log_prob)
-        else:
-            x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, h, w)
-        if i == w0 + window - 1:
-            states.append(x)  # s_W
+        if complete and w0 <= i < w0 + window:  # a new branch from s_k; its first step reuses v(s_k, sigma_{w0+k})
+            branches.append(Branch(x, completion_grid(i, steps, completion_steps)))
+            branches[-1].advance(v, sigmas)
+        x = grid_step(x, v, i, sigmas=sigmas, w0=w0, window=window, noise_level=noise_level, kind=kind,
+                      generators=generators, states=states, log_probs=log_probs)  # (n, C, h, w)
     # ODE-complete(s_0) .. ODE-complete(s_{W-1}), then s_W's completion: the rollout itself
     completions = torch.stack([b.state for b in branches] + [x], 1) if complete else None  # (n, W+1, C, h, w)
     return Rollout(sigmas, timesteps, w0, window, x_T.float(), states=torch.stack(states, 1),
