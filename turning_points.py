@@ -17,20 +17,10 @@ Run: pure tensor functions (any device, float32 or float64 kept as given); teste
 `python -m pytest tests/test_turning_points.py`. train.py calls `step_rewards` (which checks R once, then the
 formulas below run unchecked) and logs the turning-point rate per step from `detect_turning_points`.
 
-Why the strict rule exists (docs/method.md, 'Example 2: why the strict rule exists'): W = 4,
-R = [0, 2, 1.5, 1.8, 0.1].
-  Delta = R_sde - R_0 = 0.1 > 0: overall the window raised the reward a little.
-  d = [2, -0.5, 0.3, -1.7], so c = sign(d) * sign(Delta) = [+, -, +, -].
-  Base rule (Def. 4.1 + Remark 4.2): step 1 is a turning point (first step, c_1 > 0) and step 3 is one
-  (c_2 < 0 < c_3). Their aggregated rewards are r_agg_1 = R_sde - R_0 = 0.1 and r_agg_3 = R_sde - R_2 = -1.4.
-  One is positive and one negative, so balancing keeps both: rewards = [0.1, -0.5, -1.4, -1.7].
-  Look at step 3: it RAISED the reward (+0.3), yet it is credited -1.4, because the collapse of step 4 (-1.7)
-  is folded into its long-term reward. Step 1 gained +2 and is credited only +0.1. The aggregation flipped
-  one step's credit and shrank the other's.
-  Strict rule (Def. 5.1) also asks sign(d_k) * sign(R_sde - R_k) > 0: the reward keeps moving the way step k
-  moved it. Here R_sde - R_1 = -1.9 and R_sde - R_3 = -1.7, both against d_1 > 0 and d_3 > 0: no turning
-  point, rewards = d. In general, when d_k and R_sde - R_k share a sign, r_agg_k = d_k + (R_sde - R_k) has
-  that sign and |r_agg_k| > |d_k|: a strict turning point's credit is only ever amplified, never flipped.
+Why the strict rule exists, with numbers: docs/method.md, 'Example 2: why the strict rule exists'. In one line:
+the base rule can credit a step that raised the reward with a negative r_agg (the collapse after it folded in);
+the strict rule also asks sign(d_k) sign(R_sde - R_k) > 0, and then r_agg_k = d_k + (R_sde - R_k) has the sign
+of d_k and |r_agg_k| > |d_k|: a strict turning point's credit is only ever amplified, never flipped.
 """
 
 import torch
@@ -166,7 +156,7 @@ def step_rewards(R, group, algo="tp-grpo", rule="strict"):
 
 
 def render_group(R, rewards, mask, detected=None, digits=2):
-    """Text table of one group for logs and the README.
+    """Text table of one group for logs and the README (worked example 3).
 
     R (n, W+1), rewards (n, W), mask (n, W) bool as returned by step_rewards for the group's rows;
     detected (n, W) bool, optional: the turning points before balancing, to show the ones balancing dropped.
