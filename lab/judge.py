@@ -223,8 +223,8 @@ def log_row(name: str, row: dict) -> None:
           + (f" | advantage corr {row['adv_corr']:.3f}" if "adv_corr" in row else ""), flush=True)
 
 
-def report_measure(out: dict, reports: str, name: str = "judge") -> None:
-    """`reports`/<name>.md: the agreement table per noise level and window state; `reports`/<name>.png: the ODE
+def report_measure(out: dict, reports: str, stem: str = "judge") -> None:
+    """`reports`/<stem>.md: the agreement table per noise level and window state; `reports`/<stem>.png: the ODE
     judge against the SDE mean, one panel per noise level, coloured by window state."""
     st = out["settings"]
     lines = [f"ODE judge R_k = R(ODE-complete(s_k)) against the mean reward of {st['continuations']} SDE "
@@ -250,7 +250,7 @@ def report_measure(out: dict, reports: str, name: str = "judge") -> None:
             cells = " | ".join(f"{v:+.3f}" if key == "bias" else f"{v:.3f}" for v in row[key][:st["window"]])
             lines.append(f"| {a if i == 0 else ''} | {name} | {cells} | {tps if i == 0 else ''} |")
     os.makedirs(reports, exist_ok=True)
-    with open(os.path.join(reports, f"{name}.md"), "w") as f:
+    with open(os.path.join(reports, f"{stem}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     levels = list(out["levels"].items())
@@ -268,7 +268,7 @@ def report_measure(out: dict, reports: str, name: str = "judge") -> None:
     axes[0].set_ylabel("ODE judge R_k")
     axes[0].legend(fontsize=7, markerscale=2)
     fig.tight_layout()
-    fig.savefig(os.path.join(reports, f"{name}.png"))
+    fig.savefig(os.path.join(reports, f"{stem}.png"))
 
 
 def figures(args) -> None:
