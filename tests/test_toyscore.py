@@ -1,17 +1,21 @@
 """lab/toyscore.py and the shipped toyscore/: the `toyscore` reward is the `pickscore` code on the shipped folder
 (against a plain transformers computation), scores deterministically, prefers the correct rendered scene as often as
 recipe.json says; the recipe's losses and statistics against hand computation, and the recipe reproduces its
-weights on a small scale."""
+weights on a small scale; a run on ToyScore evaluates itself and reports the gold's paired change."""
 
 import json
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, CLIPModel
 
+import config
+import evaluate
 import rewards
 import toyworld
+import train
 from lab import toyscore as T
 
 FOLDER = rewards.DEFAULT_MODELS["toyscore"]
@@ -113,3 +117,21 @@ def test_the_recipe_reproduces_its_weights_on_a_small_scale():
     first, second, other = run(0), run(0), run(1)
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_a_run_on_toyscore_evaluates_itself_and_reports_the_gold_beside_the_proxy(tmp_path):
+    on_toyscore = config.parse_config(["--task", "tiny", "--rewards", "toyscore:1,toy:0"])
+    # the checkpoint's shipped values are the programmatic reward's: they stand in for a tiny run's "before" only
+    assert toyworld.shipped_heldout_values(config.parse_config(["--task", "tiny"])) is not None
+    assert toyworld.shipped_heldout_values(on_toyscore) is None
+    out = tmp_path / "run"
+    train.main(config.parse_config(["--task", "tiny", "--rewards", "toyscore:1,toy:0", "--iterations", "1",
+                                    "--eval-samples", "8", "--prompts-per-iter", "2", "--group-size", "4",
+                                    "--sample-batch", "8", "--train-batch", "4", "--output-dir", str(out),
+                                    "--report-to", "none"]))
+    before, after = (json.load(open(out / f"eval_{tag}.json")) for tag in ("before", "after"))
+    change, se = evaluate.paired_change(*(torch.tensor(e["per_image"]["toy"]) for e in (before, after)))
+    assert after["eval/toy_change"] == pytest.approx(change, abs=1e-5)
+    assert after["eval/toy_change_se"] == pytest.approx(se, abs=1e-5)
+    assert after["eval/reward"] == pytest.approx(after["eval/toyscore"])  # the proxy is what trains
+    assert "eval/toyscore_change" not in after  # eval/change is the proxy's
