@@ -12,7 +12,7 @@ it stays the gold metric, so the laboratory can see a method over-optimise the p
   4. the held-out agreement with the programmatic score, written to toyscore/recipe.json.
 
 Run (one thread: the command then reproduces the weights bit for bit on the same machine and torch build):
-  python -m lab.toyscore train --out toyscore       # the shipped toyscore/ from scratch
+  python -m lab.toyscore train --out toyscore       # the shipped toyscore/ from scratch (13 min, 1 shared core)
   python -m lab.toyscore evaluate --model toyscore  # its held-out agreement (what recipe.json holds)
   python -m pytest tests/test_toyscore.py
 
