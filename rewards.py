@@ -7,6 +7,7 @@ tensor and keeps its models resident. Rewards:
 | name                    | model                                              | training value           |
 |-------------------------|----------------------------------------------------|--------------------------|
 | pickscore               | PickScore_v1 (CLIP-H): logit_scale * cos(img, txt) | score / 26 (Flow-GRPO)   |
+| toyscore                | PickScore's code on toyscore/ (lab/toyscore.py)    | score / 26               |
 | ocr                     | rapidocr PP-OCR (ONNX, bundled in the wheel)       | 1 - d / n (Flow-GRPO)    |
 | ocr_demo                | same, n counting spaces (demo code's ocr.py)       | 1 - d / n_spaces         |
 | geneval                 | Mask2Former (COCO instances) + CLIP-L/14 colours   | partial credit           |
@@ -33,6 +34,7 @@ keep the capitals.
 
 import functools
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +64,9 @@ DEFAULT_MODELS = {
     "mask2former": "facebook/mask2former-swin-small-coco-instance",
     # No hub id: sac+logos+ava1-l14-linearMSE.pth from github.com/christophschuhmann/improved-aesthetic-predictor.
     "aesthetic": None,
+    # The toy world's PickScore (lab/toyscore.py): a tiny CLIP with its tokenizer and a 32 px image config, shipped
+    # beside this file (found from any working directory, like config.TOY_MODEL)
+    "toyscore": os.path.join(os.path.dirname(os.path.abspath(__file__)), "toyscore"),
 }
 PICKSCORE_TRAIN_SCALE = 26.0  # Flow-GRPO's PickScoreScorer returns score / 26 for training
 JPEG_QUALITY = 95  # DDPO ddpo_pytorch/rewards.py: image.save(buffer, "JPEG", quality=95); size = bytes / 1000
@@ -80,6 +85,8 @@ def _source(key, model_paths):
 
 
 def _hub_hint(key):
+    if key == "toyscore":
+        return "it ships with the repository; `python -m lab.toyscore train --out toyscore` remakes it"
     return (f"on an offline machine download it first (hf download {DEFAULT_MODELS[key]} --local-dir DIR) and pass "
             f"model_paths={{'{key}': DIR}}")
 
@@ -104,13 +111,16 @@ def _load_clip(key, source, processor_key, processor_source, device):
     config = _loaded(f"image processor config of '{key}'", processor_source,
                      lambda: ImageProcessingMixin.get_image_processor_dict(processor_source)[0],
                      _hub_hint(processor_key))
+    return model, tokenizer, clip_image_config(config, device)
+
+
+def clip_image_config(config, device):
+    """A CLIPImageProcessor's preprocessor_config.json (dict) -> clip_preprocess's keyword arguments."""
     size, crop = config["size"], config["crop_size"]
-    image_cfg = dict(
-        size=size["shortest_edge"] if isinstance(size, dict) else int(size),
-        crop=(crop["height"], crop["width"]) if isinstance(crop, dict) else (int(crop), int(crop)),
-        mean=torch.tensor(config["image_mean"], device=device).view(1, 3, 1, 1),  # (1, 3, 1, 1)
-        std=torch.tensor(config["image_std"], device=device).view(1, 3, 1, 1))  # (1, 3, 1, 1)
-    return model, tokenizer, image_cfg
+    return dict(size=size["shortest_edge"] if isinstance(size, dict) else int(size),
+                crop=(crop["height"], crop["width"]) if isinstance(crop, dict) else (int(crop), int(crop)),
+                mean=torch.tensor(config["image_mean"], device=device).view(1, 3, 1, 1),  # (1, 3, 1, 1)
+                std=torch.tensor(config["image_std"], device=device).view(1, 3, 1, 1))  # (1, 3, 1, 1)
 
 
 def _quantize(images):
@@ -136,12 +146,15 @@ def clip_preprocess(images, size, crop, mean, std):
     return (x - mean) / std  # (N, 3, crop_h, crop_w)
 
 
-def _image_features(model, image_cfg, images):
-    pixels = clip_preprocess(images, **image_cfg)  # (n, 3, 224, 224)
+def clip_image_features(model, image_cfg, images):
+    """Unit CLIP image embeddings (n, D) of images (n, 3, H, W) in [0, 1]; differentiable (lab/toyscore.py trains
+    through it, so ToyScore learns on exactly the pixels it scores)."""
+    pixels = clip_preprocess(images, **image_cfg)  # (n, 3, 224, 224) (ToyScore: (n, 3, 32, 32))
     return F.normalize(model.get_image_features(pixel_values=pixels).pooler_output, dim=-1)  # (n, D)
 
 
-def _text_features(model, tokenizer, texts, device):
+def clip_text_features(model, tokenizer, texts, device):
+    """Unit CLIP text embeddings (len(texts), D); differentiable, as clip_image_features."""
     tokens = tokenizer(texts, padding=True, truncation=True, max_length=77, return_tensors="pt").to(device)
     return F.normalize(model.get_text_features(**tokens).pooler_output, dim=-1)  # (len(texts), D)
 
@@ -154,22 +167,24 @@ def _chunks(n, batch_size):
 # PickScore (Kirstain et al. 2023): human-preference CLIP-H fine-tune.
 # ----------------------------------------------------------------------------------------------------------------
 
-def load_pickscore(device, batch_size=16, model_paths=None, **_):
-    """Primary value: PickScore / 26 (Flow-GRPO's training scale); extra 'pickscore_raw' is what papers report."""
-    model, tokenizer, image_cfg = _load_clip(
-        "pickscore", _source("pickscore", model_paths),
-        "pickscore_processor", _source("pickscore_processor", model_paths), str(device))
+def load_pickscore(device, batch_size=16, model_paths=None, key="pickscore", processor_key="pickscore_processor",
+                   **_):
+    """Primary value: PickScore / 26 (Flow-GRPO's training scale); extra '<key>_raw' ('pickscore_raw') is what
+    papers report. `key` / `processor_key` name the model and its tokenizer + image config in DEFAULT_MODELS and
+    model_paths: the `toyscore` reward is this loader with both on the toyscore/ folder."""
+    model, tokenizer, image_cfg = _load_clip(key, _source(key, model_paths), processor_key,
+                                             _source(processor_key, model_paths), str(device))
 
     @torch.no_grad()
     def score(images, prompts, metadata):
         images, raw = _quantize(images), []
         for part in _chunks(len(prompts), batch_size):
-            img = _image_features(model, image_cfg, images[part])  # (n, D)
-            txt = _text_features(model, tokenizer, prompts[part], device)  # (n, D)
+            img = clip_image_features(model, image_cfg, images[part])  # (n, D)
+            txt = clip_text_features(model, tokenizer, prompts[part], device)  # (n, D)
             # PickScore = exp(logit_scale) * cos(image, text)
             raw.append(model.logit_scale.exp() * (img * txt).sum(-1))  # (n,)
         raw = torch.cat(raw).float()  # (N,)
-        return raw / PICKSCORE_TRAIN_SCALE, {"pickscore_raw": raw}
+        return raw / PICKSCORE_TRAIN_SCALE, {f"{key}_raw": raw}
 
     return score
 
@@ -287,7 +302,7 @@ def load_aesthetic(device, batch_size=16, model_paths=None, **_):
     @torch.no_grad()
     def score(images, prompts, metadata):
         images = _quantize(images)  # (N, 3, H, W)
-        out = [mlp(_image_features(clip, image_cfg, images[part])).squeeze(-1)  # (n,)
+        out = [mlp(clip_image_features(clip, image_cfg, images[part])).squeeze(-1)  # (n,)
                for part in _chunks(len(images), batch_size)]
         return torch.cat(out).float()  # (N,)
 
@@ -378,7 +393,7 @@ def load_geneval(device, batch_size=16, model_paths=None, **_):
         if classname not in color_classifiers:
             texts = [t.format(c=c, cls=classname) for c in geneval.GENEVAL_COLORS
                      for t in geneval.GENEVAL_COLOR_TEMPLATES]
-            emb = _text_features(clip, tokenizer, texts, device)  # (10 * 3, D), colour-major
+            emb = clip_text_features(clip, tokenizer, texts, device)  # (10 * 3, D), colour-major
             color_classifiers[classname] = geneval.zero_shot_weights(emb, len(geneval.GENEVAL_COLORS))  # (10, D)
         return color_classifiers[classname]
 
@@ -430,6 +445,8 @@ def load_geneval(device, batch_size=16, model_paths=None, **_):
 
 REWARD_LOADERS = {
     "pickscore": load_pickscore,
+    # the toy world's learned reward, through PickScore's own loader, preprocessing and scoring (lab/toyscore.py)
+    "toyscore": functools.partial(load_pickscore, key="toyscore", processor_key="toyscore"),
     "ocr": load_ocr,
     "ocr_demo": functools.partial(load_ocr, denominator="demo"),  # the demo code's ocr.py (ocr_reward)
     "geneval": load_geneval,

@@ -427,6 +427,11 @@ def evaluate_policy(run: Run, tag: str) -> dict[str, float]:
     if "before" in run.values and tag != "before":  # the same images as before training: a paired comparison
         change, change_se = evaluate.paired_change(run.values["before"]["reward"], result["values"]["reward"])
         summary.update({"eval/change": change, "eval/change_se": change_se})
+        # a reward of weight 0 is reported, not trained on (the gold beside a learned proxy: `--rewards
+        # toyscore:1,toy:0`): its own paired change, eval/<name>_change
+        for name in [k for k, w in config.parse_weights(cfg.rewards).items() if w == 0]:
+            change, change_se = evaluate.paired_change(run.values["before"][name], result["values"][name])
+            summary.update({f"eval/{name}_change": change, f"eval/{name}_change_se": change_se})
     if acc.is_main_process:
         first = slice(0, evaluate.GRID_IMAGES)
         grid = evaluate.save_grid(result["images"][first], os.path.join(cfg.output_dir, f"samples_{tag}.png"),

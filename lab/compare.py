@@ -55,6 +55,9 @@ METHODS = {"flow-grpo": ["--algo", "flow-grpo"], "tp-grpo": ["--algo", "tp-grpo"
 PRESET = {"lr": 1e-3, "clip_range": 1e-4, "noise_level": 0.7, "window": 5, "iterations": 30, "eval_every": 0}
 FLAGS = {"lr": "--lr", "clip_range": "--clip-range", "noise_level": "--noise-level", "window": "--window",
          "iterations": "--iterations", "eval_every": "--eval-every"}
+# The training reward: the programmatic score, or the learned ToyScore with the programmatic score as gold beside it
+# (weight 0: reported, eval/toy_change; lab/toyscore.py)
+REWARDS = {"toy": [], "toyscore": ["--rewards", "toyscore:1,toy:0"]}
 SPLIT_FLAGS = {"heldout": [], "validation": ["--eval-prompts", toyworld.VALIDATION_SETTINGS["eval_prompts"],
                                              "--eval-seed", str(toyworld.VALIDATION_SETTINGS["eval_seed"])]}
 # The grid of the fair comparison: a window of each ladder, widened one rung at a time while a method's best
@@ -71,8 +74,8 @@ SIX_SEEDS = (10, 11, 12, 13, 14, 15)  # the confirmatory round's seeds (lab/READ
 
 @dataclass(frozen=True)
 class Variant:
-    """One setting of the axes: a method plus lr, ratio clip, noise level a, window W, iterations, evaluations, and
-    the judge of window states (--completion)."""
+    """One setting of the axes: a method plus lr, ratio clip, noise level a, window W, iterations, evaluations, the
+    judge of window states (--completion) and the training reward (REWARDS)."""
 
     method: str
     lr: float = PRESET["lr"]
@@ -82,20 +85,23 @@ class Variant:
     iterations: int = PRESET["iterations"]
     eval_every: int = PRESET["eval_every"]
     completion: str = "ode"  # the paper's judge; docs/method.md, 'Cheaper judges'
+    reward: str = "toy"  # the programmatic score, or "toyscore" (REWARDS)
 
     @property
     def name(self) -> str:
         """Every axis written out: 'tp-grpo_lr0.003_clip0.0001_a0.7_W5_it30' (+ '_ev20' with evaluations on the
-        way, + '_ode2' / '_x0' with a cheaper judge)."""
+        way, + '_ode2' / '_x0' with a cheaper judge, + '_toyscore' trained on ToyScore)."""
         return (f"{self.method}_lr{self.lr:g}_clip{self.clip_range:g}_a{self.noise_level:g}_W{self.window}"
                 f"_it{self.iterations}" + (f"_ev{self.eval_every}" if self.eval_every else "")
-                + (f"_{self.completion.replace(':', '')}" if self.completion != "ode" else ""))
+                + (f"_{self.completion.replace(':', '')}" if self.completion != "ode" else "")
+                + (f"_{self.reward}" if self.reward != "toy" else ""))
 
     def flags(self) -> list[str]:
         """The train.py flags of this variant (the preset gives the rest)."""
         axes = dataclasses.asdict(self)
         judge = [] if self.completion == "ode" else ["--completion", self.completion]
-        return [*METHODS[self.method], *[a for k, f in FLAGS.items() for a in (f, f"{axes[k]:g}")], *judge]
+        return [*METHODS[self.method], *[a for k, f in FLAGS.items() for a in (f, f"{axes[k]:g}")], *judge,
+                *REWARDS[self.reward]]
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,35 @@ def _headline(results: str) -> dict[str, Variant]:
     return {**full, **{f"{m} x0": v for m, v in cheap.items()}}
 
 
+def toyscore_star(results: str, method: str) -> list[Variant]:
+    """The small check on validation under ToyScore (lab/README.md, 'ToyScore'): the method's chosen setting on the
+    programmatic reward (`chosen`: lr 3e-3, clip 1e-5) and its four ladder neighbours, one axis at a time."""
+    centre = dataclasses.replace(chosen(results, method), reward="toyscore")
+    star = [centre]
+    for axis, ladder in (("lr", LR_LADDER), ("clip_range", CLIP_LADDER)):
+        i = ladder.index(getattr(centre, axis))
+        star += [dataclasses.replace(centre, **{axis: ladder[j]}) for j in (i - 1, i + 1) if 0 <= j < len(ladder)]
+    return star
+
+
+def chosen_toyscore(results: str, method: str) -> Variant:
+    """The method's setting under ToyScore: the best of `toyscore_star` by the mean validation eval/reward (the
+    proxy: what a practitioner without the gold would choose by) over GRID_SEEDS; Flow-GRPO its own, the others
+    TP-GRPO's, as `chosen`. The centre winning says the current choice still fits."""
+    tuned = "flow-grpo" if method == "flow-grpo" else "tp-grpo"
+    star = toyscore_star(results, tuned)
+    missing = [v.name for v in star if not finished(results, "validation", v, GRID_SEEDS)]
+    if missing:
+        raise SystemExit(f"error: the ToyScore check is not finished ({len(missing)} of {len(star)} {tuned} "
+                         f"settings missing, e.g. {missing[0]}); run `python -m lab.compare run toyscore-check` first")
+    return dataclasses.replace(max(star, key=lambda v: mean_score(results, "validation", v, GRID_SEEDS)),
+                               method=method)
+
+
+TOYSCORE = (("tp-grpo", "flow-grpo"), ("tp-grpo", "incremental"), ("tp-grpo", "tp-grpo-base"),
+            ("incremental", "flow-grpo"), ("tp-grpo x0", "tp-grpo"))
+TOYSCORE_LONG = (("tp-grpo", "flow-grpo"), ("incremental", "tp-grpo"), ("incremental", "flow-grpo"))
+
 EXPERIMENTS = {e.name: e for e in [
     Experiment("methods", "the four methods at the shared default (lr 1e-3, clip 1e-4), seeds 0-2: the old quick "
                "comparison", "heldout", (0, 1, 2), lambda results: {m: Variant(m) for m in ALL}),
@@ -206,6 +241,20 @@ EXPERIMENTS = {e.name: e for e in [
                lambda results: {**{f"tp-grpo {c}": v for c in ("ode", "ode:3", "ode:2", "x0") for v in
                                    _at_choice(("tp-grpo",), completion=c)(results).values()},
                                 "flow-grpo": chosen(results, "flow-grpo")}, contrasts=JUDGES),
+    Experiment("toyscore-check", "trained on the learned ToyScore (lab/toyscore.py): Flow-GRPO and TP-GRPO at "
+               "their choice on the programmatic reward and its four ladder neighbours (lr and clip one rung each "
+               "way), validation, seeds 0 and 1: does the choice still fit?", "validation", GRID_SEEDS,
+               lambda results: {v.name: v for m in GRID_METHODS for v in toyscore_star(results, m)}),
+    Experiment("toyscore", "every method trained on ToyScore at its setting chosen by toyscore-check, and TP-GRPO "
+               "with the cheap judge x0; held-out, the programmatic score as gold beside the proxy", "heldout",
+               SIX_SEEDS, lambda results: {**{m: chosen_toyscore(results, m) for m in ALL},
+                                           "tp-grpo x0": dataclasses.replace(chosen_toyscore(results, "tp-grpo"),
+                                                                             completion="x0")},
+               contrasts=TOYSCORE),
+    Experiment("toyscore-long", "100 iterations on ToyScore with a held-out evaluation every 20: proxy and gold "
+               "along the way (does a method over-optimise the proxy?)", "heldout", SIX_SEEDS,
+               lambda results: {m: dataclasses.replace(chosen_toyscore(results, m), iterations=100, eval_every=20)
+                                for m in ("flow-grpo", "tp-grpo", "incremental")}, contrasts=TOYSCORE_LONG),
 ]}
 
 
@@ -244,13 +293,14 @@ def machine() -> dict:
 
 def harvest(folder: str, out_path: str, argv: list[str], jobs: int) -> None:
     """A finished run folder -> its small result: metrics rows, every evaluation's summary with the per-image
-    score and strict accuracy (the paired standard errors need them), the command and the machine."""
+    reward, programmatic score and strict accuracy (the paired standard errors need them; under ToyScore the
+    reward is the proxy and `toy` the gold), the command and the machine."""
     rows = [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))]
     evals = {}
     for name in sorted(os.listdir(folder)):
         if name.startswith("eval_") and name.endswith(".json"):
             e = json.load(open(os.path.join(folder, name)))
-            per_image = {k: v for k, v in e.pop("per_image").items() if k in ("reward", "toy_strict")}
+            per_image = {k: v for k, v in e.pop("per_image").items() if k in ("reward", "toy", "toy_strict")}
             evals[name[5:-5]] = {**e, "per_image": per_image}
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     tmp = out_path + ".part"

@@ -6,6 +6,8 @@ draws what the judge sees.
 
   python -m lab.judge measure    # ODE judge vs the mean of M SDE continuations, per window step and noise level a:
                                  # lab/results/judge/ode_vs_sde.json, lab/reports/{judge.md, judge.png}
+  python -m lab.judge measure --rewards toyscore:1 --noise 0.7   # the same under the learned ToyScore
+                                 # (lab/toyscore.py): ode_vs_sde_toyscore.json, judge_toyscore.{md,png}
   python -m lab.judge fidelity   # the cheaper judges (--completion ode:K, x0) against the full ODE judge:
                                  # lab/results/judge/fidelity.json, lab/reports/{fidelity.md}
   python -m lab.judge figures    # docs/turning_points.png and docs/filmstrip.png (the README's pictures)
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 import torch
 from matplotlib.figure import Figure
@@ -37,11 +40,17 @@ LAB = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(LAB)
 
 
-def toy_setup():
-    """The tiny preset's config, the shipped checkpoint, its reward and grid."""
+def toy_setup(reward: str = "toy:1"):
+    """The tiny preset's config, the shipped checkpoint, a reward ('name:w,...', the preset's by default) and grid."""
     cfg = config.Config(**dict(config.PRESETS["tiny"], task="tiny"))
     pipe = models.load_pipeline(cfg.model)
-    return cfg, pipe, rewards.load_rewards({"toy": 1.0}), models.sigma_grid(pipe.scheduler, cfg.steps)
+    return cfg, pipe, rewards.load_rewards(config.parse_weights(reward)), models.sigma_grid(pipe.scheduler, cfg.steps)
+
+
+def measure_name(reward: str) -> str:
+    """Files of a measurement under a reward: 'judge' (the programmatic toy:1), else 'judge_<its rewards>'."""
+    trained = [k for k, w in config.parse_weights(reward).items() if w]
+    return "judge" if reward == "toy:1" else "judge_" + "_".join(trained)
 
 
 def reward_of(pipe, reward_fn, latents, prompts, metas) -> torch.Tensor:
@@ -133,12 +142,17 @@ def measure(args) -> dict:
     """For each noise level a: `members` trajectories of each training caption, the ODE judge R_k of every window
     state, and the mean of M SDE continuations from it; their agreement (`agreement`) and the Monte-Carlo error of
     the truth itself (mean sd / sqrt(M))."""
-    if args.report:
-        return report_measure(json.load(open(os.path.join(args.results, "judge", "ode_vs_sde.json"))), args.reports)
-    cfg, pipe, reward_fn, _ = toy_setup()
+    try:
+        name = measure_name(args.rewards)
+        path = os.path.join(args.results, "judge", "ode_vs_sde" + name.removeprefix("judge") + ".json")
+        if args.report:
+            return report_measure(json.load(open(path)), args.reports, name)
+        cfg, pipe, reward_fn, _ = toy_setup(args.rewards)
+    except (ValueError, OSError, rewards.RewardLoadError) as e:
+        sys.exit(f"error: --rewards {args.rewards}: {e}")
     out = {"settings": {"prompts": 48, "members": args.members, "continuations": args.continuations,
-                        "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler, "seed": args.seed},
-           "levels": {}}
+                        "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler, "seed": args.seed,
+                        "rewards": args.rewards}, "levels": {}}
     M = args.continuations
     for a in args.noise:
         ro, cond, R_ode, reward, _ = toy_trajectories(pipe, cfg, reward_fn, args.members, a, args.seed)
@@ -147,8 +161,8 @@ def measure(args) -> dict:
                "R_sde_mean": truth.tolist()}
         out["levels"][f"{a:g}"] = row
         log_row(f"a={a:g}", row)
-    write_json(out, os.path.join(args.results, "judge", "ode_vs_sde.json"))
-    report_measure(out, args.reports)
+    write_json(out, path)
+    report_measure(out, args.reports, name)
     return out
 
 
@@ -211,13 +225,14 @@ def log_row(name: str, row: dict) -> None:
           + (f" | advantage corr {row['adv_corr']:.3f}" if "adv_corr" in row else ""), flush=True)
 
 
-def report_measure(out: dict, reports: str) -> None:
-    """`reports`/judge.md: the agreement table per noise level and window state; `reports`/judge.png: the ODE judge
-    against the SDE mean, one panel per noise level, coloured by window state."""
+def report_measure(out: dict, reports: str, stem: str = "judge") -> None:
+    """`reports`/<stem>.md: the agreement table per noise level and window state; `reports`/<stem>.png: the ODE
+    judge against the SDE mean, one panel per noise level, coloured by window state."""
     st = out["settings"]
     lines = [f"ODE judge R_k = R(ODE-complete(s_k)) against the mean reward of {st['continuations']} SDE "
              f"continuations from s_k ({st['prompts']} captions x {st['members']} trajectories, T = {st['steps']}, "
-             f"W = {st['window']}, sampler {st['sampler']}); columns k = 0..W-1 (at k = W both are the final "
+             f"W = {st['window']}, sampler {st['sampler']}, reward {st.get('rewards', 'toy:1')} in its training "
+             f"units); columns k = 0..W-1 (at k = W both are the final "
              f"reward). Standard errors resample the {st['prompts']} captions with replacement (1000 times).", "",
              "| a | what | " + " | ".join(f"k={k}" for k in range(st["window"])) + " | strict turning points: "
              "precision / recall (rate: judge / truth); ties |", "|---|---|" + "---|" * (st["window"] + 1)]
@@ -237,7 +252,7 @@ def report_measure(out: dict, reports: str) -> None:
             cells = " | ".join(f"{v:+.3f}" if key == "bias" else f"{v:.3f}" for v in row[key][:st["window"]])
             lines.append(f"| {a if i == 0 else ''} | {name} | {cells} | {tps if i == 0 else ''} |")
     os.makedirs(reports, exist_ok=True)
-    with open(os.path.join(reports, "judge.md"), "w") as f:
+    with open(os.path.join(reports, f"{stem}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     levels = list(out["levels"].items())
@@ -247,14 +262,15 @@ def report_measure(out: dict, reports: str) -> None:
         R, truth = torch.tensor(row["R_ode"]), torch.tensor(row["R_sde_mean"])  # (n, W+1)
         for k in range(st["window"]):
             ax.scatter(truth[:, k], R[:, k], s=6, alpha=0.6, label=f"s_{k}")
-        ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+        lo, hi = min(R.min().item(), truth.min().item(), 0.0), max(R.max().item(), truth.max().item(), 1.0)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)  # the diagonal: a judge equal to the truth
         ax.set_title(f"a = {a}", fontsize=9)
         ax.set_xlabel(f"mean reward of {st['continuations']} SDE continuations")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("ODE judge R_k")
     axes[0].legend(fontsize=7, markerscale=2)
     fig.tight_layout()
-    fig.savefig(os.path.join(reports, "judge.png"))
+    fig.savefig(os.path.join(reports, f"{stem}.png"))
 
 
 def figures(args) -> None:
@@ -324,10 +340,13 @@ def main():
     ms.add_argument("--members", type=int, default=2, help="trajectories per training caption (48 captions)")
     ms.add_argument("--continuations", type=int, default=16, help="M, SDE continuations per window state")
     ms.add_argument("--seed", type=int, default=0)
+    ms.add_argument("--rewards", default="toy:1", help="the reward judged, 'name:w,...' (toyscore:1: the learned "
+                    "ToyScore, lab/toyscore.py); results and reports named after it")
     ms.add_argument("--results", default=os.path.join(LAB, "results"))
     ms.add_argument("--reports", default=os.path.join(LAB, "reports"))
     ms.add_argument("--report", action="store_true",
-                    help="only rewrite judge.md and judge.png in --reports from the results")
+                    help="only rewrite the report (judge.md and judge.png, or judge_<reward>.*) in --reports "
+                    "from the results")
     fi = sub.add_parser("fidelity", help="cheaper judges (--completion) against the full ODE judge")
     fi.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
     fi.add_argument("--members", type=int, default=8, help="trajectories per training caption: a GRPO group")

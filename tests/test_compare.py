@@ -32,7 +32,7 @@ rows = [{"iteration": i, "reward/mean": 0.5, "cost/transformer_evals": 100, "cos
 open(os.path.join(out, "metrics.jsonl"), "w").write("".join(json.dumps(r) + "\\n" for r in rows))
 for tag, v in (("before", 0.25), ("after", 0.5 + seed / 100)):
     json.dump({"iteration": 2, "eval/reward": v, "eval/toy_strict": v,
-               "per_image": {"reward": [v, v], "toy_strict": [v, v], "toy_colour": [1, 1]}},
+               "per_image": {"reward": [v, v], "toy": [v, v], "toy_strict": [v, v], "toy_colour": [1, 1]}},
               open(os.path.join(out, f"eval_{tag}.json"), "w"))
 """
 
@@ -53,6 +53,16 @@ def test_a_variant_names_every_axis_and_trains_with_exactly_those_settings():
     preset = config.parse_config(["--task", "tiny"])
     assert {k: getattr(preset, k) for k in C.PRESET} == dict(C.PRESET, lr=3e-3, clip_range=1e-5)
     assert C.PRESET["lr"] == 1e-3 and C.PRESET["clip_range"] == 1e-4
+
+
+def test_a_toyscore_variant_trains_on_toyscore_with_the_gold_beside_it():
+    v = C.Variant("tp-grpo", lr=3e-3, clip_range=1e-5, reward="toyscore")
+    assert v.name == "tp-grpo_lr0.003_clip1e-05_a0.7_W5_it30_toyscore"
+    cfg = config.parse_config(["--task", "tiny", *v.flags()])
+    assert config.parse_weights(cfg.rewards) == {"toyscore": 1.0, "toy": 0.0}
+    # the default reward adds no flag and leaves every finished run's name as it was
+    assert C.Variant("tp-grpo", lr=3e-3, clip_range=1e-5).name == "tp-grpo_lr0.003_clip1e-05_a0.7_W5_it30"
+    assert config.parse_config(["--task", "tiny", *C.Variant("flow-grpo").flags()]).rewards == "toy:1"
 
 
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, monkeypatch):
@@ -77,7 +87,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, monkeypa
     C.run(["tiny"], results, runs)  # all finished: nothing runs
     assert len(log.read_text().splitlines()) == 5
     r = C.load_result(results, "heldout", variants["b"], 1)
-    assert r["evals"]["after"]["eval/reward"] == 0.51 and set(r["evals"]["after"]["per_image"]) == {"reward",
+    assert r["evals"]["after"]["eval/reward"] == 0.51 and set(r["evals"]["after"]["per_image"]) == {"reward", "toy",
                                                                                                      "toy_strict"}
     assert "--lr" in r["argv"] and r["machine"]["cores"] == os.cpu_count()
 
@@ -140,6 +150,33 @@ def test_a_grid_best_inside_does_not_widen_and_an_unfinished_grid_cannot_choose(
     assert C.grid_axes(results) == {"lr": [3e-4, 1e-3, 3e-3, 1e-2], "clip_range": [1e-4, 1e-3, 1e-2]}
     fill_grid(results, lambda m, lr, c: 0.5 - abs(math.log10(lr / 1e-3)) / 10 + (c == 1e-3) / 100)
     assert C.chosen(results, "tp-grpo") == C.Variant("tp-grpo", lr=1e-3, clip_range=1e-3)
+
+
+def test_the_toyscore_check_is_a_star_around_the_grid_choice_and_chooses_by_the_proxy(tmp_path):
+    results = str(tmp_path)
+    for _ in range(2):  # the grid chooses lr 1e-3, clip 1e-3 for both methods (as in the test above)
+        fill_grid(results, lambda m, lr, c: 0.5 - abs(math.log10(lr / 1e-3)) / 10 + (c == 1e-3) / 100)
+    star = C.toyscore_star(results, "tp-grpo")
+    assert [(v.lr, v.clip_range) for v in star] == [(1e-3, 1e-3), (3e-4, 1e-3), (3e-3, 1e-3), (1e-3, 1e-4),
+                                                     (1e-3, 1e-2)]
+    assert {v.reward for v in star} == {"toyscore"} and len(C.EXPERIMENTS["toyscore-check"].variants(results)) == 10
+    with pytest.raises(SystemExit, match="ToyScore check is not finished"):
+        C.chosen_toyscore(results, "tp-grpo")
+    # on the proxy (eval/reward), TP-GRPO's best is its lr neighbour 3e-3, Flow-GRPO's the centre
+    best = {"tp-grpo": (3e-3, 1e-3), "flow-grpo": (1e-3, 1e-3)}
+    for m in C.GRID_METHODS:
+        for v in C.toyscore_star(results, m):
+            for s in C.GRID_SEEDS:
+                x = 0.6 if (v.lr, v.clip_range) == best[m] else 0.5
+                write_result(results, "validation", v, s, [0.3, 0.3], [x, x])
+    variants = C.EXPERIMENTS["toyscore"].variants(results)
+    assert variants["incremental"] == C.Variant("incremental", lr=3e-3, clip_range=1e-3, reward="toyscore")
+    assert variants["tp-grpo x0"] == C.Variant("tp-grpo", lr=3e-3, clip_range=1e-3, reward="toyscore",
+                                               completion="x0")
+    assert variants["flow-grpo"] == C.Variant("flow-grpo", lr=1e-3, clip_range=1e-3, reward="toyscore")
+    long = C.EXPERIMENTS["toyscore-long"].variants(results)
+    assert sorted(long) == ["flow-grpo", "incremental", "tp-grpo"]
+    assert {(v.iterations, v.eval_every, v.reward) for v in long.values()} == {(100, 20, "toyscore")}
 
 
 def test_harvest_keeps_a_real_run_whole(tmp_path):

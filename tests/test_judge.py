@@ -50,3 +50,8 @@ def test_bootstrap_agreement_against_the_naive_loop():
     # the identity draw gives the full sample's numbers
     full = judge.agreement(R, truth)
     torch.testing.assert_close(corr[0], torch.tensor(full["corr"]))
+
+
+def test_a_measurement_under_another_reward_is_filed_under_its_name():
+    assert judge.measure_name("toy:1") == "judge"  # the programmatic reward's files keep their names
+    assert judge.measure_name("toyscore:1") == judge.measure_name("toyscore:1,toy:0") == "judge_toyscore"
