@@ -70,6 +70,11 @@ GRID_START = {"lr": (3e-4, 1e-2), "clip_range": (1e-4, 1e-3)}  # (lowest, highes
 GRID_METHODS = ("flow-grpo", "tp-grpo")
 GRID_SEEDS, REPORT_SEEDS = (0, 1), (10, 11, 12)
 SIX_SEEDS = (10, 11, 12, 13, 14, 15)  # the confirmatory round's seeds (lab/README.md): 10-12 and three fresh ones
+FRESH_SEEDS = (13, 14, 15)
+# the reports' metrics: the trained reward's per-image score ("reward"), or the programmatic score ("toy"), the
+# gold beside a learned proxy
+METRICS = {"toy": "gold: the programmatic score (eval/toy)", "reward": "proxy: the trained reward (eval/reward)"}
+GOLD_AND_PROXY = ("toy", "reward")
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ class Experiment:
     variants: object  # (results folder) -> {label: Variant}; may read finished runs (the grid's choice)
     axis: str = ""  # the Variant field an ablation varies: its report adds the change against it (report.axis_table)
     contrasts: tuple = ()  # pre-registered (label A, label B) pairs: seed-paired A - B (report.contrast_table)
+    fresh: tuple = ()  # seeds also reported alone (the confirmatory round's new seeds)
+    metrics: tuple = ("reward",)  # what the tables report: the trained reward, or the gold and then the proxy
 
 
 def _ladder_window(ladder: tuple, lo: float, hi: float) -> list[float]:
@@ -221,13 +228,13 @@ EXPERIMENTS = {e.name: e for e in [
     Experiment("grid", "Flow-GRPO and TP-GRPO over lr x ratio clip on the validation split, seeds 0 and 1: each "
                "method's setting is chosen here", "validation", GRID_SEEDS, grid_variants),
     Experiment("fair", "every method at its chosen setting, held-out, fresh seeds", "heldout", SIX_SEEDS,
-               _at_choice(ALL), contrasts=FAIR),
+               _at_choice(ALL), contrasts=FAIR, fresh=FRESH_SEEDS),
     Experiment("default", "every method at the shared default (lr 1e-3, clip 1e-4), held-out, fresh seeds: what "
                "tuning one method only does", "heldout", REPORT_SEEDS,
                lambda results: {f"{m} @default": Variant(m) for m in ALL}),
     Experiment("headline", "100 iterations at the chosen settings with a held-out evaluation every 20: the paper's "
                "sample-efficiency claim, and the cheap judge x0 at Flow-GRPO's transformer cost", "heldout",
-               SIX_SEEDS, _headline, contrasts=HEADLINE),
+               SIX_SEEDS, _headline, contrasts=HEADLINE, fresh=FRESH_SEEDS),
     Experiment("noise", "the noise level a in {0.4, 0.7, 1.0} at the chosen settings (the paper's Table of a)",
                "heldout", REPORT_SEEDS, lambda results: {f"{m} a={a:g}": v for a in (0.4, 0.7, 1.0) for m, v in
                                                          _at_choice(ALL, noise_level=a)(results).items()},
@@ -240,7 +247,7 @@ EXPERIMENTS = {e.name: e for e in [
                "against the full ODE and Flow-GRPO", "heldout", SIX_SEEDS,
                lambda results: {**{f"tp-grpo {c}": v for c in ("ode", "ode:3", "ode:2", "x0") for v in
                                    _at_choice(("tp-grpo",), completion=c)(results).values()},
-                                "flow-grpo": chosen(results, "flow-grpo")}, contrasts=JUDGES),
+                                "flow-grpo": chosen(results, "flow-grpo")}, contrasts=JUDGES, fresh=FRESH_SEEDS),
     Experiment("toyscore-check", "trained on the learned ToyScore (lab/toyscore.py): Flow-GRPO and TP-GRPO at "
                "their choice on the programmatic reward and its four ladder neighbours (lr and clip one rung each "
                "way), validation, seeds 0 and 1: does the choice still fit?", "validation", GRID_SEEDS,
@@ -250,11 +257,12 @@ EXPERIMENTS = {e.name: e for e in [
                SIX_SEEDS, lambda results: {**{m: chosen_toyscore(results, m) for m in ALL},
                                            "tp-grpo x0": dataclasses.replace(chosen_toyscore(results, "tp-grpo"),
                                                                              completion="x0")},
-               contrasts=TOYSCORE),
+               contrasts=TOYSCORE, metrics=GOLD_AND_PROXY),
     Experiment("toyscore-long", "100 iterations on ToyScore with a held-out evaluation every 20: proxy and gold "
                "along the way (does a method over-optimise the proxy?)", "heldout", SIX_SEEDS,
                lambda results: {m: dataclasses.replace(chosen_toyscore(results, m), iterations=100, eval_every=20)
-                                for m in ("flow-grpo", "tp-grpo", "incremental")}, contrasts=TOYSCORE_LONG),
+                                for m in ("flow-grpo", "tp-grpo", "incremental")}, contrasts=TOYSCORE_LONG,
+               metrics=GOLD_AND_PROXY),
 ]}
 
 
@@ -397,14 +405,21 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
         parts = [f"### {name}: {exp.doc}", "", f"Split: {exp.split}; seeds {', '.join(map(str, exp.seeds))}.", ""]
         if name == "grid":
             parts += [report.grid_table(runs, GRID_METHODS, len(GRID_SEEDS)), ""]
-        parts += [report.table(runs), ""]
-        if exp.contrasts:
-            fresh = tuple(s for s in exp.seeds if s not in REPORT_SEEDS)  # the seeds the first round had not seen
-            parts += ["Pre-registered contrasts (lab/README.md, 'The confirmatory round'):", "",
-                      report.contrast_table(runs, exp.contrasts, fresh), ""]
+        for metric in exp.metrics:
+            if len(exp.metrics) > 1:
+                parts += [f"#### {METRICS[metric]}", ""]
+            parts += [report.table(runs, metric), ""]
+            if exp.contrasts:
+                parts += ["Pre-registered contrasts (lab/README.md):", "",
+                          report.contrast_table(runs, exp.contrasts, exp.fresh, metric), ""]
+            if any(v.eval_every for v, _ in runs.values()):
+                parts += [report.evals_table(runs, metric), "",
+                          report.evals_contrast_table(runs, exp.contrasts, metric), ""]
         if name == "headline":
-            parts += [report.evals_table(runs), "", report.evals_contrast_table(runs, exp.contrasts), "",
-                      report.reach_table(runs, "eval"), "", report.reach_table(runs, "train"), ""]
+            parts += [report.reach_table(runs, "eval"), "", report.reach_table(runs, "train"), ""]
+        if len(exp.metrics) > 1 and any(v.eval_every for v, _ in runs.values()):
+            parts += ["#### Over-optimisation: the proxy and the gold between evaluation points", "",
+                      report.drift_table(runs), ""]
         if exp.axis:
             parts += [report.axis_table(runs, exp.axis), ""]
         machines = {f"{r['machine']['cpu']}, {r['machine']['cores']} cores" for _, seeds in runs.values()
@@ -417,6 +432,8 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
             report.grid_figure(runs, GRID_METHODS, os.path.join(reports, "grid.png"))
         elif exp.axis:
             report.axis_figure(runs, exp.axis, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
+        elif len(exp.metrics) > 1 and any(v.eval_every for v, _ in runs.values()):
+            report.proxy_gold_figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
         else:
             report.figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
         texts.append(text)

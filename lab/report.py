@@ -165,14 +165,14 @@ def evals_contrast_table(runs: dict, contrasts: tuple, metric: str = "reward") -
     return "\n".join(lines)
 
 
-def table(runs: dict) -> str:
-    """One row per variant: its axes, seeds, score before / after / change with both SEs, strict accuracy,
-    turning-point rates, transformer evaluations per trajectory and seconds per run."""
+def table(runs: dict, metric: str = "reward") -> str:
+    """One row per variant: its axes, seeds, `metric`'s score before / after / change with both SEs, strict
+    accuracy, turning-point rates, transformer evaluations per trajectory and seconds per run."""
     lines = ["| variant | lr | clip | a | W | iterations | seeds | before | after | change +- SE over seeds | paired "
              "SE over images | change / SE | strict after | turning points (strict / base / kept) | evaluations per "
              "trajectory | seconds per run |", "|" + "---|" * 16]
     for label, (v, seeds) in runs.items():
-        c = change_stats(seeds)
+        c = change_stats(seeds, metric)
         strict = torch.tensor([r["evals"]["after"]["eval/toy_strict"] for r in seeds])  # (S,)
         rates = [_curve(seeds, f"steps/{k}").nanmean().item() for k in ("tp_rate_strict", "tp_rate_base", "tp_kept")]
         tps = "-" if v.method == "flow-grpo" else " / ".join(f"{100 * r:.1f}%" for r in rates)
@@ -214,13 +214,13 @@ def grid_table(runs: dict, methods: tuple, seeds: int) -> str:
     return "\n".join(lines)
 
 
-def evals_table(runs: dict) -> str:
-    """The evaluations along the way: each variant's held-out score +- SE over seeds at every evaluation point."""
-    its = _evals(next(iter(runs.values()))[1])[0]  # (E,)
+def evals_table(runs: dict, metric: str = "reward") -> str:
+    """The evaluations along the way: each variant's held-out `metric` +- SE over seeds at every evaluation point."""
+    its = _evals(next(iter(runs.values()))[1], metric)[0]  # (E,)
     lines = ["| score +- SE over seeds | " + " | ".join("before" if i == 0 else f"iteration {i}" for i in its.tolist())
              + " |", "|---|" + "---|" * len(its)]
     for label, (_, seeds) in runs.items():
-        scores = _evals(seeds)[1]  # (S, E)
+        scores = _evals(seeds, metric)[1]  # (S, E)
         lines.append(f"| {label} | " + " | ".join(f"{m:.3f} +- {e:.3f}" for m, e in zip(scores.mean(0).tolist(),
                                                                                       _se(scores).tolist())) + " |")
     return "\n".join(lines)
@@ -286,6 +286,48 @@ def reach_table(runs: dict, kind: str = "eval", samples: int = 1000) -> str:
                                                 else ")"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def drift_table(runs: dict, proxy: str = "reward", gold: str = "toy") -> str:
+    """Over-optimisation: for each variant and each stretch between consecutive evaluation points, how the proxy
+    (the trained reward) and the gold moved, each the mean over seeds of the per-seed change with its paired t
+    interval (the same run at both points). A stretch over-optimises, resolved, when the proxy's interval lies
+    above 0 and the gold's below 0."""
+    lines = ["| variant | iterations | proxy change (95% t interval, df) | gold change (95% t interval, df) | proxy up, "
+             "gold down |", "|---|---|---|---|---|"]
+    for label, (_, seeds) in runs.items():
+        its, p = _evals(seeds, proxy)  # (E,), (S, E)
+        g, ids = _evals(seeds, gold)[1], [seed_of(r) for r in seeds]  # (S, E), S seeds
+        for e in range(1, len(its)):
+            cp, cg = (paired_difference(dict(zip(ids, x[:, e].tolist())), dict(zip(ids, x[:, e - 1].tolist())))
+                      for x in (p, g))
+            flag = "yes" if cp["resolved"] and cp["lo"] > 0 and cg["resolved"] and cg["hi"] < 0 else "no"
+            lines.append(f"| {label} | {int(its[e - 1])}-{int(its[e])} | {format_difference(cp)} | "
+                         f"{format_difference(cg)} | {flag} |")
+    return "\n".join(lines)
+
+
+def proxy_gold_figure(runs: dict, path: str, title: str, proxy: str = "reward", gold: str = "toy") -> None:
+    """The held-out proxy and gold at every evaluation point against iterations, +- SE over seeds, a panel each."""
+    fig = Figure(figsize=(10, 3.8), dpi=110)
+    axes = fig.subplots(1, 2)
+    styles = ["-", "--", ":", "-."]
+    for ax, (metric, name) in zip(axes, [(proxy, "proxy: the trained reward (ToyScore / 26)"),
+                                         (gold, "gold: the programmatic score")]):
+        seen = {}
+        for label, (v, seeds) in runs.items():
+            style = styles[seen.get(v.method, 0) % len(styles)]
+            seen[v.method] = seen.get(v.method, 0) + 1
+            its, scores = _evals(seeds, metric)  # (E,), (S, E)
+            ax.errorbar(its, scores.mean(0), yerr=_se(scores), fmt="o" + style, color=COLORS[v.method], capsize=3,
+                        ms=4, label=f"{label} ({len(seeds)} seeds)")
+        ax.set_xlabel("iteration")
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{title}\nheld-out evaluation, +- SE over seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 def figure(runs: dict, path: str, title: str) -> None:

@@ -77,8 +77,7 @@ def test_the_contrast_table_is_seed_paired_and_reports_fresh_seeds_alone(tmp_pat
         write_result(results, "heldout", tp, s, [0.2, 0.2], [0.2 + ct, 0.2 + ct])
     monkeypatch.setitem(C.EXPERIMENTS, "t", C.Experiment("t", "test", "heldout", (0, 1, 2, 3),
                                                          lambda r: {"tp-grpo": tp, "flow-grpo": flow},
-                                                         contrasts=(("tp-grpo", "flow-grpo"),)))
-    monkeypatch.setattr(C, "REPORT_SEEDS", (0, 1))  # seeds 2 and 3 play the fresh ones
+                                                         contrasts=(("tp-grpo", "flow-grpo"),), fresh=(2, 3)))
     text = C.write_reports(["t"], results, str(tmp_path / "reports"))
     row = [line for line in text.splitlines() if line.startswith("| tp-grpo - flow-grpo |")][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -105,3 +104,41 @@ def test_the_reach_bootstrap_draws_the_same_seeds_for_every_method(tmp_path):
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in
             report.reach_table(runs, "eval", samples=200).splitlines()[4:]}
     assert rows == {"flow-grpo": "4 (4-4; never 0%)", "tp-grpo": "2 (2-2; never 0%)"}
+
+
+def test_the_drift_table_flags_a_proxy_that_rises_while_the_gold_falls(tmp_path):
+    def run(seed, proxy, gold):  # held-out means at iterations 0, 20, 40
+        evals = {tag: {"iteration": it, "eval/reward": p, "eval/toy": g} for tag, it, p, g in
+                 zip(("before", "iter000020", "after"), (0, 20, 40), proxy, gold)}
+        return {"argv": ["--seed", str(seed)], "evals": evals}
+    # "hacks": proxy up in both stretches; gold up, then down by 0.10 / 0.12 / 0.11 (seeds 0, 1, 2)
+    hacks = [run(s, (0.2, 0.4 + d, 0.6 + d), (0.3, 0.5, 0.4 - d)) for s, d in enumerate((0.0, 0.02, 0.01))]
+    # "honest": the gold follows the proxy up
+    honest = [run(s, (0.2, 0.3 + d, 0.4 + d), (0.3, 0.35 + d, 0.45)) for s, d in enumerate((0.0, 0.02, 0.01))]
+    runs = {"hacks": (C.Variant("tp-grpo", iterations=40, eval_every=20), hacks),
+            "honest": (C.Variant("flow-grpo", iterations=40, eval_every=20), honest)}
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in report.drift_table(runs).splitlines()[2:]]
+    assert [(r[0], r[1], r[4]) for r in rows] == [("hacks", "0-20", "no"), ("hacks", "20-40", "yes"),
+                                                  ("honest", "0-20", "no"), ("honest", "20-40", "no")]
+    # the gold's 20-40 stretch of "hacks", by hand: per-seed changes -0.10, -0.12, -0.11
+    gold = report.paired_difference({0: 0.40, 1: 0.38, 2: 0.39}, {0: 0.5, 1: 0.5, 2: 0.5})
+    assert rows[1][3] == report.format_difference(gold) and gold["hi"] < 0
+    report.proxy_gold_figure(runs, str(tmp_path / "pg.png"), "test")
+    assert (tmp_path / "pg.png").stat().st_size > 0
+
+
+def test_an_experiment_with_a_gold_metric_reports_gold_then_proxy_and_their_drift(tmp_path, monkeypatch):
+    results = str(tmp_path / "results")
+    v = C.Variant("tp-grpo", iterations=2, eval_every=1, reward="toyscore")
+    for s in (0, 1):
+        write_result(results, "heldout", v, s, [0.2, 0.2], [0.6 + 0.08 * s, 0.6], rewards=(0.5, 0.6), evals_at=(1,))
+    monkeypatch.setitem(C.EXPERIMENTS, "t", C.Experiment("t", "test", "heldout", (0, 1), lambda r: {"tp": v},
+                                                         metrics=C.GOLD_AND_PROXY))
+    text = C.write_reports(["t"], results, str(tmp_path / "reports"))
+    gold, proxy = text.index("#### gold"), text.index("#### proxy")
+    assert gold < proxy and "Over-optimisation" in text[proxy:]
+    # per seed the proxy moved +0.40 and +0.44 (mean +0.42, SE std / sqrt(2) = 0.02); the gold, half the proxy by
+    # construction, half as much
+    changes = [cells[9] for cells in (line.split(" | ") for line in text.splitlines()) if cells[0] == "| tp" and len(cells) == 16]
+    assert changes == ["+0.210 +- 0.010", "+0.420 +- 0.020"]
+    assert (tmp_path / "reports" / "t.png").exists()
