@@ -8,6 +8,8 @@ draws what the judge sees.
                                  # lab/results/judge/ode_vs_sde.json, lab/reports/{judge.md, judge.png}
   python -m lab.judge measure --rewards toyscore:1 --noise 0.7   # the same under the learned ToyScore
                                  # (lab/toyscore.py): ode_vs_sde_toyscore.json, judge_toyscore.{md,png}
+  python -m lab.judge truth      # every judge (ode, ode:K, x0) against the same SDE truth at a = 0.7:
+                                 # lab/results/judge/judges_vs_sde.json, lab/reports/judges_truth.md
   python -m lab.judge fidelity   # the cheaper judges (--completion ode:K, x0) against the full ODE judge:
                                  # lab/results/judge/fidelity.json, lab/reports/{fidelity.md}
   python -m lab.judge figures    # docs/turning_points.png and docs/filmstrip.png (the README's pictures)
@@ -166,6 +168,69 @@ def measure(args) -> dict:
     return out
 
 
+def judge_rewards(pipe, ro, cond, cfg, reward, spec: str, counter=None) -> torch.Tensor:
+    """A judge's R (n, W+1) of the rollout's window states (--completion `spec`: ode, ode:K, x0), each state
+    finished one at a time (`sampler.complete_naive`) and scored."""
+    completions = S.complete_naive(pipe.transformer, ro, cond, cfg.guidance, counter=counter,
+                                   completion_steps=S.completion_steps(spec))  # (n, W+1, C, h, w)
+    return reward(completions.transpose(0, 1).flatten(0, 1)).reshape(cfg.window + 1, -1).T  # (n, W+1)
+
+
+def truth(args) -> dict:
+    """Every judge against the stochastic truth at one noise level: `measure`'s trajectories, window states and SDE
+    continuations (its seeds), each judge's R_k of those states (`judge_rewards`), and its `agreement` with the
+    mean of the continuations."""
+    path = os.path.join(args.results, "judge", "judges_vs_sde.json")
+    if args.report:
+        return report_truth(json.load(open(path)), args.reports)
+    cfg, pipe, reward_fn, _ = toy_setup()
+    ro, cond, _, reward, _ = toy_trajectories(pipe, cfg, reward_fn, args.members, args.noise, args.seed)
+    mean, sd = sde_continuations(pipe, ro, cond, cfg, args.noise, args.continuations, args.seed + 1,
+                                 reward)  # (n, W+1) each
+    out = {"settings": {"prompts": 48, "members": args.members, "continuations": args.continuations,
+                        "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler, "noise_level": args.noise,
+                        "seed": args.seed}, "R_sde_mean": mean.tolist(),
+           "mc_se": (sd / args.continuations ** 0.5).mean(0).tolist(), "judges": {}}
+    for spec in args.judges:
+        R = judge_rewards(pipe, ro, cond, cfg, reward, spec)  # (n, W+1)
+        out["judges"][spec] = {"R": R.tolist(), **agreement(R, mean)}
+        log_row(spec, out["judges"][spec])
+    write_json(out, path)
+    report_truth(out, args.reports)
+    return out
+
+
+def report_truth(out: dict, reports: str) -> None:
+    """`reports`/judges_truth.md: each judge's agreement with the stochastic truth, standard errors by resampling
+    captions (`bootstrap_agreement`)."""
+    st, W = out["settings"], out["settings"]["window"]
+    truth_R, n = torch.tensor(out["R_sde_mean"]), st["prompts"] * st["members"]  # (n, W+1)
+    draws = torch.randint(st["prompts"], (1000, st["prompts"]), generator=torch.Generator().manual_seed(0))
+    lines = [f"Each judge's R_k against the mean reward of {st['continuations']} SDE continuations from the same window "
+             f"state s_k ({st['prompts']} captions x {st['members']} trajectories, T = {st['steps']}, W = {W}, "
+             f"a = {st['noise_level']}, sampler {st['sampler']}); +- SE by resampling the captions (1000 times). "
+             f"Monte-Carlo SE of the truth at s_0: {out['mc_se'][0]:.3f}.", "",
+             "| judge | correlation with the truth, " + " / ".join(f"s_{k}" for k in range(W)) + " | bias at s_0 | "
+             "RMSE at s_0 | d_k = 0 (ties) | d_k sign agreement, all steps / where the judge's d_k != 0 | strict "
+             "turning points: judge / truth, precision / recall |", "|---|---|---|---|---|---|---|"]
+    for spec, row in out["judges"].items():
+        R = torch.tensor(row["R"])  # (n, W+1)
+        bias, corr = bootstrap_agreement(R, truth_R, torch.arange(n) // st["members"], draws)  # (1000, W+1) each
+        # a draw whose captions all score one state alike has no correlation there (NaN): left out of its SE
+        corr_se = torch.stack([c[c.isfinite()].std() for c in corr.T])  # (W+1,)
+        bias_se = bias.std(0)  # (W+1,)
+        agree = sum(row["d_sign_agree"]) / W
+        lines.append(f"| {spec} | " + " / ".join(f"{row['corr'][k]:.2f} +- {corr_se[k]:.2f}" for k in range(W))
+                     + f" | {row['bias'][0]:+.3f} +- {bias_se[0]:.3f} | {row['rmse'][0]:.3f} | "
+                     f"{100 * row['d_zero']:.0f}% | {agree:.2f} / {row['d_sign_agree_moved']:.2f} | "
+                     f"{100 * row['tp_rate']:.1f}% / {100 * row['tp_rate_truth']:.1f}%, {row['tp_precision']:.2f} / "
+                     f"{row['tp_recall']:.2f} |")
+    os.makedirs(reports, exist_ok=True)
+    with open(os.path.join(reports, "judges_truth.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def fidelity(args) -> dict:
     """The cheaper judges against the full ODE judge on the same window states (docs/method.md, 'Cheaper judges'):
     `agreement` with R_ode as the truth, plus the correlation of TP-GRPO's per-timestep advantages (strict rule,
@@ -176,11 +241,8 @@ def fidelity(args) -> dict:
     out = {"settings": {"prompts": 48, "members": args.members, "steps": cfg.steps, "window": cfg.window,
                         "noise_level": cfg.noise_level, "seed": args.seed}, "judges": {}}
     for spec in args.judges:
-        K = S.completion_steps(spec)
         count = models.EvalCounter()
-        completions = S.complete_naive(pipe.transformer, ro, cond, cfg.guidance, counter=count,
-                                       completion_steps=K)  # (n, W+1, C, h, w)
-        R = reward(completions.transpose(0, 1).flatten(0, 1)).reshape(cfg.window + 1, -1).T  # (n, W+1)
+        R = judge_rewards(pipe, ro, cond, cfg, reward, spec, count)  # (n, W+1)
         # the wavefront's cost: the rollout's T, plus every completion step but each branch's first
         per_trajectory = cfg.steps + count.nfe / R.shape[0] - cfg.window
         row = {**agreement(R, R_ode), "adv_corr": torch.corrcoef(torch.stack([adv(R).flatten(),
@@ -347,6 +409,15 @@ def main():
     ms.add_argument("--report", action="store_true",
                     help="only rewrite the report (judge.md and judge.png, or judge_<reward>.*) in --reports "
                     "from the results")
+    tr = sub.add_parser("truth", help="every judge (--completion) against the mean of SDE continuations")
+    tr.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
+    tr.add_argument("--noise", type=float, default=0.7, help="the noise level a")
+    tr.add_argument("--members", type=int, default=2, help="trajectories per training caption (48 captions)")
+    tr.add_argument("--continuations", type=int, default=16, help="M, SDE continuations per window state")
+    tr.add_argument("--seed", type=int, default=0, help="measure's seed: the same trajectories and continuations")
+    tr.add_argument("--results", default=os.path.join(LAB, "results"))
+    tr.add_argument("--reports", default=os.path.join(LAB, "reports"))
+    tr.add_argument("--report", action="store_true", help="only rewrite judges_truth.md from the results")
     fi = sub.add_parser("fidelity", help="cheaper judges (--completion) against the full ODE judge")
     fi.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
     fi.add_argument("--members", type=int, default=8, help="trajectories per training caption: a GRPO group")
@@ -354,7 +425,7 @@ def main():
     fi.add_argument("--results", default=os.path.join(LAB, "results"))
     fi.add_argument("--reports", default=os.path.join(LAB, "reports"))
     args = p.parse_args()
-    {"figures": figures, "measure": measure, "fidelity": fidelity}[args.command](args)
+    {"figures": figures, "measure": measure, "truth": truth, "fidelity": fidelity}[args.command](args)
 
 
 if __name__ == "__main__":

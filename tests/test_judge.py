@@ -3,6 +3,7 @@ where they must coincide (noise level a = 0: every continuation is the ODE itsel
 
 import torch
 
+import models
 import turning_points as tp
 from lab import judge
 
@@ -55,3 +56,28 @@ def test_bootstrap_agreement_against_the_naive_loop():
 def test_a_measurement_under_another_reward_is_filed_under_its_name():
     assert judge.measure_name("toy:1") == "judge"  # the programmatic reward's files keep their names
     assert judge.measure_name("toyscore:1") == judge.measure_name("toyscore:1,toy:0") == "judge_toyscore"
+
+
+def test_the_x0_judge_is_the_models_own_clean_image_prediction(tmp_path):
+    cfg, pipe, reward_fn, _ = judge.toy_setup()
+    ro, cond, R_ode, reward, _ = judge.toy_trajectories(pipe, cfg, reward_fn, 2, 0.7, seed=3, captions=4)
+    # by hand: x0_hat = s_k - sigma_k v(s_k), scored; the last state's judge is the trajectory's own final reward
+    by_hand = []
+    for k in range(cfg.window):
+        i = ro.w0 + k
+        v = models.velocity(pipe.transformer, ro.states[:, k], ro.timesteps[i].expand(8), cond, cfg.guidance)
+        by_hand.append(reward(ro.states[:, k] - ro.sigmas[i] * v))  # (n,)
+    by_hand = torch.stack(by_hand + [reward(ro.final)], 1)  # (n, W+1)
+    torch.testing.assert_close(judge.judge_rewards(pipe, ro, cond, cfg, reward, "x0"), by_hand, rtol=0, atol=1e-6)
+    # the full ODE judge, one state at a time, is the wavefront's (up to float rounding of the batched calls)
+    torch.testing.assert_close(judge.judge_rewards(pipe, ro, cond, cfg, reward, "ode"), R_ode, rtol=0, atol=1e-4)
+    # the report: one row per judge, each a correlation per window state with its resampled SE
+    n, W = 8, cfg.window
+    out = {"settings": {"prompts": 4, "members": 2, "continuations": 2, "steps": cfg.steps, "window": W,
+                        "sampler": cfg.sampler, "noise_level": 0.7, "seed": 3},
+           "R_sde_mean": R_ode.tolist(), "mc_se": [0.0] * (W + 1),
+           "judges": {"ode": {"R": R_ode.tolist(), **judge.agreement(R_ode, R_ode)},
+                      "x0": {"R": by_hand.tolist(), **judge.agreement(by_hand, R_ode)}}}
+    judge.report_truth(out, str(tmp_path))
+    rows = (tmp_path / "judges_truth.md").read_text().splitlines()[4:]
+    assert [r.split(" | ")[0] for r in rows] == ["| ode", "| x0"] and rows[0].split(" | ")[1].startswith("1.00 +- 0.00")
