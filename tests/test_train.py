@@ -328,6 +328,51 @@ def test_bad_prompts_and_model(tmp_path, capsys):
     _fails(tmp_path, capsys, ["--group-size", "3"], "must split evenly")
 
 
+# every numeric field of Config: a value just outside its range, and the nearest value inside it (on a grid of T = 1
+# steps with a window of 1, where every edge fits)
+EDGES = {"resolution": (0, 1), "steps": (0, 1), "eval_steps": (0, 1), "guidance": (-0.5, 0.0),
+         "eval_guidance": (-0.5, 0.0), "noise_level": (-0.1, 0.0), "window": (0, 1), "window_start": (-2, -1),
+         "group_size": (1, 2), "prompts_per_iter": (0, 1), "sample_batch": (0, 1), "train_batch": (0, 1),
+         "updates_per_iter": (0, 1), "lr": (0.0, 1e-12), "adam_beta1": (1.0, 0.0), "adam_beta2": (-0.1, 0.999999),
+         "weight_decay": (-1e-4, 0.0), "adam_eps": (0.0, 1e-30), "max_grad_norm": (0.0, 1e-9),
+         "clip_range": (0.0, 1e-9), "beta": (-1e-4, 0.0), "adv_clip": (0.0, 1e-3), "lora_rank": (-1, 0),
+         "lora_alpha": (0, 1), "ema_decay": (1.0, 0.0), "ema_every": (0, 1), "max_sequence_length": (0, 1),
+         "chunk_size": (-1, 0), "compile_rows": (-1, 0), "reward_batch": (0, 1), "iterations": (0, 1),
+         "eval_every": (-1, 0), "eval_samples": (0, 1), "eval_seed": (-1, 0), "save_every": (-1, 0),
+         "seed": (-1, 0)}
+
+
+def test_every_numeric_field_has_a_range():
+    numeric = {f.name for f in dataclasses.fields(config.Config) if f.type in ("int", "float")}
+    assert numeric == set(EDGES) == {name for name, _, _ in config.RANGES}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_a_value_outside_its_range_is_refused_with_one_line(name):
+    tiny = dataclasses.replace(config.parse_config(["--task", "tiny"]), steps=1, window=1)
+    bad, edge = EDGES[name]
+    for value in (bad, float("nan")):
+        problem = config.check_config(dataclasses.replace(tiny, **{name: value}))
+        flag = "--" + name.replace("_", "-")
+        assert problem.startswith(f"{flag} {value} is out of range: it must be ") and "\n" not in problem, problem
+    assert config.check_ranges(dataclasses.replace(tiny, **{name: edge})) == ""
+    if isinstance(edge, float):  # and no infinity
+        assert "out of range" in config.check_ranges(dataclasses.replace(tiny, **{name: math.inf}))
+
+
+def test_cps_noise_level_stops_at_one_and_the_command_line_refuses_in_one_line(tmp_path, capsys):
+    tiny = config.parse_config(["--task", "tiny"])
+    assert config.check_config(dataclasses.replace(tiny, noise_level=1.0)) == ""
+    assert "--sampler cps: it must be in [0, 1]" in config.check_config(dataclasses.replace(tiny, noise_level=1.01))
+    assert config.check_config(dataclasses.replace(tiny, noise_level=1.5, sampler="sde")) == ""
+    _fails(tmp_path, capsys, ["--group-size", "1"], "--group-size 1 is out of range: it must be >= 2 (GRPO")
+    proc = subprocess.run([sys.executable, "train.py", "--task", "tiny", "--lr", "-1"], cwd=ROOT, capture_output=True,
+                          text=True)
+    lines = proc.stderr.strip().splitlines()  # (transformers' import-time warnings come first)
+    assert proc.returncode == 2 and lines[-2].startswith("usage: train.py")
+    assert lines[-1] == "train.py: error: --lr -1.0 is out of range: it must be > 0"
+
+
 def test_unreadable_checkpoints(tmp_path, capsys):
     _fails(tmp_path, capsys, ["--resume", str(tmp_path / "nowhere")], "is not a training checkpoint")
     _fails(tmp_path, capsys, ["--resume", "latest"], "found no checkpoint")
