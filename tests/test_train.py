@@ -20,6 +20,7 @@ from peft.tuners.lora import LoraLayer
 from PIL import Image
 from safetensors.torch import load_file
 
+import checkpoint
 import collectives
 import config
 import evaluate
@@ -199,6 +200,59 @@ def test_resume_is_bit_exact(tmp_path):
     assert {f for f in files if f.endswith((".pkl", ".bin", ".pt"))} == {"optimizer.bin", "random_states_0.pkl"}
     assert json.load(open(os.path.join(folder, "progress.json"))) == {"iteration": 2}
     assert int(load_file(os.path.join(folder, "ema.safetensors"))["steps"]) == 2 * 2  # 2 updates per iteration
+
+
+def _tree(folder) -> dict[str, bytes]:
+    """Every file under `folder` and its bytes."""
+    return {os.path.relpath(os.path.join(d, name), folder): open(os.path.join(d, name), "rb").read()
+            for d, _, names in os.walk(folder) for name in names}
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def test_a_damaged_checkpoint_is_refused_with_one_line_and_nothing_is_written(tmp_path):
+    _, out = run(tmp_path, "--save-every", "1")
+    folder = os.path.join(out, "checkpoints", "iter-000002")
+    written = json.load(open(os.path.join(folder, checkpoint.MANIFEST)))["files"]
+    assert set(written) == set(_tree(folder)) - {checkpoint.MANIFEST}
+    assert {"model.safetensors", "lora/pytorch_lora_weights.safetensors", "progress.json"} <= set(written)
+    size = written["model.safetensors"]["bytes"]
+    cases = [  # (keep the manifest, file, damage, what the line says is wrong)
+        (True, "model.safetensors", _truncate, f"model.safetensors has {size - 100} bytes where {size} were written"),
+        (True, "progress.json", lambda p: p.write_text('{"iteration": 9}'), "progress.json differs from what was "
+                                                                             "written (its SHA-256 does not match"),
+        (True, "optimizer.bin", os.remove, "optimizer.bin is missing"),
+        # a checkpoint from before manifests: each file is read
+        (False, "model.safetensors", _truncate, "model.safetensors cannot be read (SafetensorError: "),
+        (False, "progress.json", lambda p: p.write_text('{"iterat'), "progress.json cannot be read (JSONDecodeError: "),
+        (False, "optimizer.bin", _truncate, "optimizer.bin cannot be read (BadZipFile: "),
+    ]
+    for number, (manifest, name, damage, says) in enumerate(cases):
+        copy = tmp_path / f"damaged{number}"
+        shutil.copytree(out, copy)
+        damaged = os.path.join(copy, "checkpoints", "iter-000002")
+        assert checkpoint.check_checkpoint(damaged) == ""  # whole, with and without its manifest
+        if not manifest:
+            os.remove(os.path.join(damaged, checkpoint.MANIFEST))
+            assert checkpoint.check_checkpoint(damaged) == ""
+        damage(copy / "checkpoints" / "iter-000002" / name)
+        before = _tree(copy)
+        with pytest.raises(SystemExit) as err:
+            run(tmp_path, "--iterations", "3", "--resume", "latest", name=f"damaged{number}")
+        line = str(err.value.code)
+        earlier = os.path.join(copy, "checkpoints", "iter-000001")
+        assert line.startswith(f"error: checkpoint {damaged} is damaged: {says}") and "\n" not in line, line
+        assert line.endswith(f"; resume from an earlier one (--resume {earlier}, the newest of 1) or start fresh "
+                             f"without --resume"), line
+        assert _tree(copy) == before, "a refused resume wrote or changed files"
+    # the first checkpoint damaged: nothing earlier to offer
+    os.remove(os.path.join(earlier, "random_states_0.pkl"))
+    with pytest.raises(SystemExit) as err:
+        run(tmp_path, "--iterations", "3", "--resume", earlier, name=f"damaged{number}")
+    assert str(err.value.code).endswith("random_states_0.pkl is missing; start fresh without --resume (no earlier "
+                                        f"checkpoint in {os.path.dirname(earlier)})")
 
 
 def _launch_two(script_and_args, timeout=300):
