@@ -203,7 +203,8 @@ def setup(cfg: Config) -> Run:
         # sampler rounds the latents to that dtype after every step and feeds SD3 fp16 timesteps (float32 in
         # training). We store the frozen base in the autocast dtype (bf16 by default: it cannot overflow where fp16
         # can), train float32 LoRA weights under autocast, and keep latents float32 and one timestep dtype in both
-        # passes, so that training recomputes the sampling pass's velocities exactly (train/first_ratio_dev). Under
+        # passes, so that training recomputes the sampling pass's velocities up to the rounding of its other batch
+        # shape (train/first_ratio_dev). Under
         # configs/deepspeed_zero2.yaml DeepSpeed casts our LoRA weights to bf16 as well. The VAE decodes in float32
         # in both (docs/method.md, 'SD3.5-Medium hyperparameters').
         weight_dtype = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision]
