@@ -6,22 +6,32 @@ safetensors, the optimizer and RNG states), progress.json, config.json, ema.safe
 lora_ema/ (diffusers' LoRA format; transformer/ instead with full fine-tuning). Written under a .tmp name and
 renamed when complete. Under DeepSpeed the engine writes its own state instead of model.safetensors and
 optimizer.bin: pytorch_model/ with the trainable weights (frozen ones left out) and each process's shard of the
-optimizer (the README's DeepSpeed section).
+optimizer (docs/gpu.md, 'DeepSpeed ZeRO-2').
 
-Used by train.py; tested by tests/test_train.py (resume is bit-exact, checkpoints load in diffusers).
+Written last, manifest.json lists every file with its size and SHA-256. --resume checks the checkpoint against it
+before anything is loaded, and a damaged one (a file missing, truncated or changed) stops the run with one line
+naming the file and what to do; nothing is written. A checkpoint from before manifests is checked by reading what it
+holds: every JSON file parses, every safetensors header covers its file, every torch pickle archive's CRCs match (a
+missing file then shows only when it is loaded).
+
+Used by train.py; tested by tests/test_train.py (resume is bit-exact, damaged checkpoints are refused, checkpoints
+load in diffusers).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
 import sys
+import zipfile
 from dataclasses import dataclass
 
 import safetensors.torch
 from accelerate.utils import DistributedType
+from safetensors import SafetensorError
 
 from config import Config
 from policy import EMA, save_weights
@@ -56,19 +66,27 @@ def register_trainable_only_hooks(accelerator):
 
 
 def find_checkpoint(cfg: Config) -> str:
-    """The folder --resume names ('latest' = the newest complete one in output_dir/checkpoints), or exit."""
+    """The folder --resume names ('latest' = the newest complete one in output_dir/checkpoints), checked whole
+    (check_checkpoint), or exit with one line."""
     if cfg.resume != "latest":
         path = cfg.resume
     else:
         root = os.path.join(cfg.output_dir, "checkpoints")
-        done = sorted(d for d in os.listdir(root) if d.startswith("iter-") and not d.endswith(".tmp")) \
-            if os.path.isdir(root) else []
+        done = complete_checkpoints(root)
         if not done:
             sys.exit(f"error: --resume latest found no checkpoint in {root}; train first or pass a folder")
         path = os.path.join(root, done[-1])
-    if not os.path.isfile(os.path.join(path, "progress.json")):
+    if not any(os.path.isfile(os.path.join(path, name)) for name in ("progress.json", MANIFEST)):
         sys.exit(f"error: '{path}' is not a training checkpoint (no progress.json); pass a folder "
                  f"output_dir/checkpoints/iter-NNNNNN written by train.py")
+    problem = check_checkpoint(path)
+    if problem:
+        parent, name = os.path.split(os.path.normpath(path))
+        earlier = [d for d in complete_checkpoints(parent) if d < name]
+        advice = (f"resume from an earlier one (--resume {os.path.join(parent, earlier[-1])}, the newest of "
+                  f"{len(earlier)}) or start fresh without --resume" if earlier else
+                  f"start fresh without --resume (no earlier checkpoint in {parent})")
+        sys.exit(f"error: checkpoint {path} is damaged: {problem}; {advice}")
     if cfg.ema_decay > 0 and not os.path.isfile(os.path.join(path, "ema.safetensors")):
         sys.exit(f"error: '{path}' has no ema.safetensors (trained with EMA off, or by an older train.py); "
                  f"resume with the --ema-decay it was trained with")
@@ -95,6 +113,7 @@ def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progres
             json.dump(dataclasses.asdict(cfg), f, indent=1)
         with open(os.path.join(tmp, "progress.json"), "w") as f:
             json.dump(dataclasses.asdict(progress), f)
+        write_manifest(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     accelerator.wait_for_everyone()
@@ -114,6 +133,85 @@ def load_checkpoint(accelerator, ema: EMA | None, progress: Progress, folder: st
         except ValueError as e:
             sys.exit(f"error: {e}")
     accelerator.print(f"resumed from {folder} at iteration {progress.iteration}")
+
+
+# ---- the manifest ------------------------------------------------------------------------------------------------
+MANIFEST = "manifest.json"
+
+
+def write_manifest(folder: str):
+    """manifest.json: every file under `folder` with its size and SHA-256, written last and atomically."""
+    files = {rel: {"bytes": os.path.getsize(os.path.join(folder, rel)), "sha256": _sha256(os.path.join(folder, rel))}
+             for rel in _files(folder)}
+    with open(os.path.join(folder, MANIFEST + ".tmp"), "w") as f:
+        json.dump({"files": files}, f, indent=1)
+    os.replace(os.path.join(folder, MANIFEST + ".tmp"), os.path.join(folder, MANIFEST))
+
+
+def check_checkpoint(folder: str) -> str:
+    """'' if the checkpoint is whole, else what is wrong with which file: against manifest.json (every listed file
+    there, of its size and SHA-256; files added later, such as evaluate.py's eval/, are not checked), or without one
+    (a checkpoint from before manifests) every file that is there must read (READERS)."""
+    manifest = os.path.join(folder, MANIFEST)
+    if os.path.isfile(manifest):
+        try:
+            files = {rel: (int(w["bytes"]), w["sha256"]) for rel, w in json.load(open(manifest))["files"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{MANIFEST} cannot be read ({type(e).__name__}: {e})"
+        for rel, (size, digest) in sorted(files.items()):
+            path = os.path.join(folder, rel)
+            if not os.path.isfile(path):
+                return f"{rel} is missing"
+            if os.path.getsize(path) != size:
+                return f"{rel} has {os.path.getsize(path)} bytes where {size} were written"
+            if _sha256(path) != digest:
+                return f"{rel} differs from what was written (its SHA-256 does not match {MANIFEST})"
+        return ""
+    for rel in _files(folder):
+        read = READERS.get(os.path.splitext(rel)[1])
+        try:
+            if read:
+                read(os.path.join(folder, rel))
+        except (OSError, ValueError, EOFError, SafetensorError, zipfile.BadZipFile) as e:
+            return f"{rel} cannot be read ({type(e).__name__}: {e})"
+    return ""
+
+
+def complete_checkpoints(root: str) -> list[str]:
+    """The names of the complete checkpoints in `root` (iter-NNNNNN, oldest first; not an unfinished .tmp)."""
+    return sorted(d for d in os.listdir(root) if d.startswith("iter-") and not d.endswith(".tmp")) \
+        if os.path.isdir(root) else []
+
+
+def _read_safetensors(path: str):
+    """Opening reads the header and checks that its tensors cover the file exactly (a truncated file fails)."""
+    with safetensors.safe_open(path, "pt") as f:
+        f.keys()
+
+
+def _read_torch_archive(path: str):
+    """torch.save's files (accelerate's optimizer.bin and RNG states, DeepSpeed's .pt) are zip archives with a CRC
+    per member."""
+    bad = zipfile.ZipFile(path).testzip()
+    if bad is not None:
+        raise ValueError(f"the CRC of its member {bad} does not match")
+
+
+# how a checkpoint from before manifests is checked, by file suffix
+READERS = {".json": lambda path: json.load(open(path)),
+           ".safetensors": _read_safetensors,
+           ".bin": _read_torch_archive, ".pkl": _read_torch_archive, ".pt": _read_torch_archive}
+
+
+def _files(folder: str) -> list[str]:
+    """Every file under `folder` (but the manifest), as sorted paths relative to it."""
+    return sorted(os.path.relpath(os.path.join(d, name), folder) for d, _, names in os.walk(folder) for name in names
+                  if not (d == folder and name.startswith(MANIFEST)))
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _deepspeed(accelerator) -> bool:

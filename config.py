@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,8 +227,76 @@ def parse_config(argv: list[str] | None = None, description: str = "") -> Config
     return cfg
 
 
+def _at_least(low):
+    return (lambda v: v >= low), f">= {low}"
+
+
+def _above(low):
+    return (lambda v: v > low), f"> {low}"
+
+
+_FRACTION = (lambda v: 0 <= v < 1), "in [0, 1)"
+# Every numeric field's range, as (field, (test, the range in words), why): check_config refuses a value outside it
+# (or not finite) with one line. The window's fit in the grid and cps's noise level need two fields (below).
+RANGES = (
+    ("resolution", _above(0), "pixels"),
+    ("steps", _at_least(1), ""),
+    ("eval_steps", _at_least(1), ""),
+    ("guidance", _at_least(0), "<= 1 turns CFG off"),
+    ("eval_guidance", _at_least(0), "<= 1 turns CFG off"),
+    ("noise_level", _at_least(0), "0 makes every step the deterministic ODE step"),
+    ("window", _at_least(1), "the SDE steps that are trained"),
+    ("window_start", _at_least(-1), "a grid index, or -1 to draw it per iteration"),
+    ("group_size", _at_least(2), "GRPO's advantage compares a prompt's trajectories with each other"),
+    ("prompts_per_iter", _at_least(1), ""),
+    ("sample_batch", _at_least(1), ""),
+    ("train_batch", _at_least(1), ""),
+    ("updates_per_iter", _at_least(1), ""),
+    ("lr", _above(0), ""),
+    ("adam_beta1", _FRACTION, "AdamW's moment decay"),
+    ("adam_beta2", _FRACTION, "AdamW's moment decay"),
+    ("weight_decay", _at_least(0), ""),
+    ("adam_eps", _above(0), "it keeps AdamW's division finite"),
+    ("max_grad_norm", _above(0), ""),
+    ("clip_range", _above(0), "the ratio clip's half-width"),
+    ("beta", _at_least(0), "0 drops the KL term"),
+    ("adv_clip", _above(0), ""),
+    ("lora_rank", _at_least(0), "0 = full fine-tuning"),
+    ("lora_alpha", _above(0), "LoRA's output is scaled by alpha / r"),
+    ("ema_decay", _FRACTION, "0 turns the EMA off"),
+    ("ema_every", _at_least(1), ""),
+    ("max_sequence_length", _at_least(1), ""),
+    ("chunk_size", _at_least(0), "0 = no cap"),
+    ("compile_rows", _at_least(0), "0 = one rollout call's images"),
+    ("reward_batch", _at_least(1), ""),
+    ("iterations", _at_least(1), ""),
+    ("eval_every", _at_least(0), "0 = only before and after training"),
+    ("eval_samples", _at_least(1), ""),
+    ("eval_seed", _at_least(0), ""),
+    ("save_every", _at_least(0), "0 = only at the end"),
+    ("seed", _at_least(0), ""),
+)
+
+
+def check_ranges(cfg: Config) -> str:
+    """One line naming the first numeric field outside its range (RANGES) and the range, or ''."""
+    for name, (ok, bound), why in RANGES:
+        value = getattr(cfg, name)
+        if not (math.isfinite(value) and ok(value)):
+            flag = "--" + name.replace("_", "-")
+            return f"{flag} {value} is out of range: it must be {bound}" + (f" ({why})" if why else "")
+    if cfg.sampler == "cps" and cfg.noise_level > 1:  # past a = 1 sin(a pi / 2) falls again: a repeats a smaller a
+        return (f"--noise-level {cfg.noise_level} is out of range for --sampler cps: it must be in [0, 1] (the "
+                f"injected noise is sigma' sin(a pi / 2), all of sigma' at a = 1)")
+    return ""
+
+
 def check_config(cfg: Config) -> str:
-    """One line naming what is inconsistent, or '' (checked before anything is loaded or written)."""
+    """One line naming what is inconsistent or out of range, or '' (checked before anything is loaded or
+    written)."""
+    problem = check_ranges(cfg)
+    if problem:
+        return problem
     if cfg.task in EVAL_ONLY:
         return (f"--task {cfg.task} is an evaluation preset (python evaluate.py --task {cfg.task} --checkpoint ...); "
                 f"train with pickscore, ocr, geneval, their -flux forms or tiny")

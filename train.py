@@ -182,11 +182,18 @@ def setup(cfg: Config) -> Run:
                               gradient_accumulation_steps=rows_per_update // cfg.train_batch * cfg.window,
                               log_with=None if cfg.report_to == "none" else cfg.report_to,
                               project_dir=cfg.output_dir)
-    if accelerator.state.deepspeed_plugin is not None:  # no dataloader: DeepSpeed cannot infer the micro-batch
-        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.train_batch
+    if accelerator.state.deepspeed_plugin is not None:
+        ds = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds["train_micro_batch_size_per_gpu"] = cfg.train_batch  # no dataloader: DeepSpeed cannot infer it
         # DeepSpeed clips inside accelerator.backward (its engine.step) at its config's value; clip_grad_norm_ below
         # only reads the norm back
-        accelerator.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] = cfg.max_grad_norm
+        ds["gradient_clipping"] = cfg.max_grad_norm
+        # DeepSpeed accumulates gradients in the weights' dtype unless told otherwise: bf16 under
+        # configs/deepspeed_zero2.yaml, over micro-batches x W backward passes per optimizer step (72 for the SD3.5-M
+        # preset on 8 GPUs), where DDP accumulates in the float32 .grad of float32 LoRA weights. ZeRO keeps a float32
+        # accumulation buffer when asked (stage 2: a float32 gradient partition); without ZeRO DeepSpeed refuses it.
+        if accelerator.state.deepspeed_plugin.zero_stage >= 1:
+            ds["data_types"] = {"grad_accum_dtype": "fp32"}
     set_seed(cfg.seed)  # only LoRA's initial weights use the global RNG; every trajectory has its own generator
     resume_from = find_checkpoint(cfg) if cfg.resume else ""
     try:

@@ -1,6 +1,6 @@
 """--compile on the tiny models (CPU): padding a call to the compiled size changes no result, a compiled rollout
 with completions equals the eager one, and a whole training run compiles a bounded number of graphs (dynamo's own
-counters) while training exactly what the uncompiled run trains."""
+counters) while training what the uncompiled run trains, up to float rounding."""
 
 import json
 import os
@@ -15,8 +15,9 @@ import config
 import models
 import sampler as S
 import train
+from tests import train_worker  # noqa: F401 (registers the smooth 'brightness' reward)
 
-FAST = ["--task", "tiny", "--model", "tiny", "--rewards", "jpeg_compressibility:1", "--resolution", "16",
+FAST = ["--task", "tiny", "--model", "tiny", "--rewards", "brightness:1", "--resolution", "16",
         "--prompts-per-iter", "2", "--group-size", "4", "--sample-batch", "8", "--train-batch", "4",
         "--eval-samples", "8", "--report-to", "none", "--iterations", "2", "--max-sequence-length", "32",
         "--steps", "6", "--window", "5", "--eval-steps", "6"]
@@ -85,13 +86,30 @@ def test_a_compiled_training_run_compiles_one_graph_and_trains_the_same_weights(
         return result, history
 
     # "eager" traces with dynamo (the shapes and the graph count are what inductor would see) without compiling
-    # kernels, so the numbers are the uncompiled ones exactly
+    # kernels: the compiled run differs from the plain one only in the shapes of its transformer calls
     compiled, h_compiled = run("compiled", "--compile", "true", "--compile-backend", "eager")
     graphs = counters["stats"]["unique_graphs"]
     # sampling (8 trajectories x (1 + live branches) x 2 CFG halves), the completions and both evaluations
     # (8 images x 2) all run in calls of 16 images: one graph for the whole run
     assert graphs == 1, dict(counters["stats"])
     plain, h_plain = run("plain")
-    assert h_compiled == h_plain
-    a, b = compiled["policy"].state_dict(), plain["policy"].state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    # The plain run calls the transformer with 16, 32, ... images, the compiled one in chunks of 16, and MKL's matrix
+    # kernels may round by the call's shape: on an AVX-512 Intel Xeon the runs' metrics differed in the last bits
+    # (train/approx_kl 5.487367e-10 vs 5.487757e-10), where this AMD EPYC gives the same bits. What holds on any CPU:
+    # the same work; the same images up to rounding, and so (a smooth reward) the same rewards; the same update up
+    # to rounding. The training statistics are not compared one by one: where rounding moves a ratio across the
+    # clip 1 +- eps, that sample's gradient and clip_frac change (measured: 1 of 40 samples).
+    assert [h.keys() for h in h_compiled] == [h.keys() for h in h_plain]
+    for c, p in zip(h_compiled, h_plain):
+        for key in ("iteration", "cost/transformer_evals", "train/zero_adv_frac"):
+            assert c[key] == p[key], key
+        for key in [k for k in p if k.startswith(("reward/", "eval/", "steps/d_"))]:
+            # rewards near 0.5 and their differences: a change of every velocity by up to 4 float32 ulps moved them
+            # by at most 2.3e-7 (relative) and 2e-8 (absolute, the differences and spreads)
+            assert c[key] == pytest.approx(p[key], rel=1e-5, abs=1e-6), key
+        assert c["train/first_ratio_dev"] <= 1e-6 and p["train/first_ratio_dev"] <= 1e-6  # tests/test_train.py
+    # lora_B starts at 0, so it is the update alone: that ulp-level change moved it by up to 5e-5 (relative L2,
+    # a ratio crossing the clip included); a 1% larger lr moves it by 2e-2
+    a, b = (torch.cat([w.flatten() for k, w in sorted(r["policy"].state_dict().items()) if "lora_B" in k])
+            for r in (compiled, plain))
+    assert b.norm() > 0 and (a - b).norm() <= 1e-3 * b.norm()

@@ -1,7 +1,8 @@
 """tools/gpu_check.py's dry run: every item of the GPU check at tiny sizes on the CPU (about half a minute), so that the
 one prepared GPU command cannot rot between GPU slots; and the DeepSpeed item's tolerance judged on made-up LoRAs.
 With deepspeed installed (requirements.txt) the dry run launches train.py under configs/deepspeed_zero2.yaml on
-one process, in float32, and its LoRA must equal the plain launch's up to rounding."""
+one process, in float32, and its LoRA must equal the plain launch's up to rounding; its engine accumulates gradients
+in float32."""
 
 import importlib.util
 import json
@@ -48,6 +49,11 @@ def test_deepspeed_zero2_launch_trains_the_plain_launchs_lora(dry_run):
         pytest.skip("deepspeed is not installed here (requirements.txt installs it)")
     assert item["lora_dtype"] == item["plain_dtype"] == "float32"
     assert item["within_tolerance"] and item["rel_l2"] <= 1e-5 and item["cos_b"] > 0.9999
+    # the configuration the engine ran with, as its checkpoint holds it: ZeRO-2 accumulating gradients in float32
+    # (train.py asks for it; DeepSpeed's default is the weights' dtype, bf16 on a GPU)
+    engine = torch.load(dry_run[1] / "deepspeed" / "checkpoints" / "iter-000001" / "pytorch_model" /
+                        "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["ds_config"]
+    assert engine["zero_optimization"]["stage"] == 2 and engine["data_types"] == {"grad_accum_dtype": "fp32"}
 
 
 def _lora(seed: int, scale_b: float = 1.0, dtype=torch.float32) -> dict:

@@ -1,7 +1,11 @@
-"""train.py with one more reward, `half_constant`, registered first: run in-process by tests/test_train.py and as a
-script under `accelerate launch` (2 gloo processes). Prompts starting with "constant" score 0 whatever the image, so
-their whole group has advantage 0 at every window step and Flow-GRPO's zero-advantage filter drops it; the other
-prompts score JPEG compressibility (a continuous value: no ties)."""
+"""train.py with two more rewards registered first: run in-process by the tests and as a script under `accelerate
+launch` (2 gloo processes); tests/eval_worker.py runs evaluate.py with them.
+
+`half_constant`: prompts starting with "constant" score 0 whatever the image, so their whole group has advantage 0
+at every window step and Flow-GRPO's zero-advantage filter drops it; the other prompts score JPEG compressibility (a
+continuous value: no ties). `brightness`: the mean pixel value, a smooth function of the image, for comparisons of
+runs whose images differ by float rounding (other batch shapes, compiled kernels): their rewards then differ by
+rounding too, where a JPEG reward steps by a byte (1e-3) whenever a rounding moves a uint8 pixel across a level."""
 
 import sys
 
@@ -22,7 +26,12 @@ def load_half_constant(device, **_):
     return score
 
 
+def load_brightness(device, **_):
+    return lambda images, prompts, metadata: images.mean((1, 2, 3))  # (N,)
+
+
 rewards.REWARD_LOADERS["half_constant"] = load_half_constant
+rewards.REWARD_LOADERS["brightness"] = load_brightness
 
 if __name__ == "__main__":
     train.main(config.parse_config(sys.argv[1:]))

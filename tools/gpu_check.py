@@ -55,8 +55,8 @@ PHASE_KEYS = ("sample", "reward", "train")  # train.py's time/<phase>_s: samplin
 #   float32 (the dry run): the same arithmetic in another order (flattened buffers, another clip-norm reduction);
 #     relative L2 difference <= 1e-5 (measured on the CPU: 2e-8). A gradient clipped at another value, a missed or
 #     extra optimizer step, or a wrong accumulation boundary gives 1e-3 or more.
-#   bf16 (the GPU): DeepSpeed stores the trained weights in bf16 (8 significant bits), accumulates their gradients
-#     in bf16, and accelerate leaves autocast off under DeepSpeed, so every forward pass rounds differently from the
+#   bf16 (the GPU): DeepSpeed stores the trained weights in bf16 (8 significant bits) (their gradients accumulate
+#     in float32: train.py sets grad_accum_dtype), and accelerate leaves autocast off under DeepSpeed, so every forward pass rounds differently from the
 #     plain launch's autocast: rollouts, rewards and advantages move by about bf16's precision (the tiny model on
 #     the CPU, 2026-12-04: lora_B cosine 0.999998, all weights 2.3e-3 apart). One iteration is two AdamW steps, and
 #     AdamW divides each gradient element by its own size, so an element's step keeps its size (~lr) and flips sign
