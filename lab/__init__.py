@@ -7,3 +7,7 @@ Run from the repository root, as modules (so that the method's files at the top 
 lab/README.md is the laboratory's guide: its protocol, its results and what they do and do not show. Nothing at the
 top level imports this package: the reproduction stands without its laboratory.
 """
+
+# models.py drops transformers' torchvision notice (a line no user can act on); imported here, before any module of
+# the laboratory imports diffusers
+import models  # noqa: F401,E402
