@@ -120,6 +120,7 @@ class Experiment:
     contrasts: tuple = ()  # pre-registered (label A, label B) pairs: seed-paired A - B (report.contrast_table)
     fresh: tuple = ()  # seeds also reported alone (the confirmatory round's new seeds)
     metrics: tuple = ("reward",)  # what the tables report: the trained reward, or the gold and then the proxy
+    alone: bool = False  # a timing experiment: its runs go one at a time (--jobs is ignored)
 
 
 def _ladder_window(ladder: tuple, lo: float, hi: float) -> list[float]:
@@ -193,6 +194,11 @@ def _headline(results: str) -> dict[str, Variant]:
     return {**full, **{f"{m} x0": v for m, v in cheap.items()}}
 
 
+def _headline_seconds(results: str) -> dict[str, Variant]:
+    """The headline's variants for 10 iterations without evaluations on the way: their seconds per iteration."""
+    return {label: dataclasses.replace(v, iterations=10, eval_every=0) for label, v in _headline(results).items()}
+
+
 def toyscore_star(results: str, method: str) -> list[Variant]:
     """The small check on validation under ToyScore (lab/README.md, 'ToyScore'): the method's chosen setting on the
     programmatic reward (`chosen`: lr 3e-3, clip 1e-5) and its four ladder neighbours, one axis at a time."""
@@ -235,6 +241,9 @@ EXPERIMENTS = {e.name: e for e in [
     Experiment("headline", "100 iterations at the chosen settings with a held-out evaluation every 20: the paper's "
                "sample-efficiency claim, and the cheap judge x0 at Flow-GRPO's transformer cost", "heldout",
                SIX_SEEDS, _headline, contrasts=HEADLINE, fresh=FRESH_SEEDS),
+    Experiment("headline-seconds", "the headline's variants for 10 iterations, one run at a time with nothing else "
+               "on the machine: seconds per iteration of sampling + rewards + training, the headline's calibrated "
+               "seconds axis", "validation", (0,), _headline_seconds, alone=True),
     Experiment("noise", "the noise level a in {0.4, 0.7, 1.0} at the chosen settings (the paper's Table of a)",
                "heldout", REPORT_SEEDS, lambda results: {f"{m} a={a:g}": v for a in (0.4, 0.7, 1.0) for m, v in
                                                          _at_choice(ALL, noise_level=a)(results).items()},
@@ -296,7 +305,8 @@ def machine() -> dict:
         cpu = names[0] if names else cpu
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS", ""),
-            "torch": torch.__version__, "commit": commit.stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M")}
+            "torch": torch.__version__, "commit": commit.stdout.strip(), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "load_1min": round(os.getloadavg()[0], 2)}  # how busy the machine was as the run ended (seconds vary)
 
 
 def harvest(folder: str, out_path: str, argv: list[str], jobs: int) -> None:
@@ -330,8 +340,8 @@ def run(names: list[str], results: str, runs: str, jobs: int = 1) -> None:
             if not todo:
                 print(f"{name}: every run finished")
                 break
-            print(f"{name}: {len(todo)} runs to go")
-            _run_wave(todo, exp.split, results, runs, jobs)
+            print(f"{name}: {len(todo)} runs to go" + (" (one at a time: a timing experiment)" if exp.alone else ""))
+            _run_wave(todo, exp.split, results, runs, 1 if exp.alone else jobs)
 
 
 def _run_wave(todo: list, split: str, results: str, runs: str, jobs: int) -> None:
@@ -393,6 +403,12 @@ def load_experiment(results: str, exp: Experiment) -> dict[str, tuple[Variant, l
     return out
 
 
+def seconds_alone(results: str) -> dict[str, float]:
+    """{headline label: seconds per iteration measured alone} from `headline-seconds`, or {} before it has run."""
+    runs = load_experiment(results, EXPERIMENTS["headline-seconds"])
+    return {label: report.seconds_per_iteration(seeds) for label, (_, seeds) in runs.items()}
+
+
 def write_reports(names: list[str], results: str, reports: str) -> str:
     """<reports>/<experiment>.md (tables) and <experiment>.png (curves) for each experiment; returns the text."""
     os.makedirs(reports, exist_ok=True)
@@ -416,7 +432,9 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
                 parts += [report.evals_table(runs, metric), "",
                           report.evals_contrast_table(runs, exp.contrasts, metric), ""]
         if name == "headline":
-            parts += [report.reach_table(runs, "eval"), "", report.reach_table(runs, "train"), ""]
+            alone = seconds_alone(results)
+            parts += [report.reach_table(runs, "eval", alone=alone), "", report.reach_table(runs, "train", alone=alone),
+                      ""]
         if len(exp.metrics) > 1 and any(v.eval_every for v, _ in runs.values()):
             parts += ["#### Over-optimisation: the proxy and the gold between evaluation points", "",
                       report.drift_table(runs), ""]

@@ -108,6 +108,13 @@ def _costs(seeds: list[dict]) -> dict[str, torch.Tensor]:
             "seconds": torch.nn.functional.pad(torch.cumsum(seconds, 1), (1, 0))}  # (S, I+1)
 
 
+def seconds_per_iteration(seeds: list[dict], warm_up: int = 1) -> float:
+    """Sampling + rewards + training seconds of one iteration: the median over the runs' iterations after the
+    first `warm_up` (whose first calls pay one-time costs)."""
+    per = sum(_curve(seeds, f"time/{k}_s") for k in ("sample", "reward", "train"))  # (S, I)
+    return per[:, warm_up:].median().item()
+
+
 def _evals(seeds: list[dict], metric: str = "reward") -> tuple[torch.Tensor, torch.Tensor]:
     """Every evaluation point of the runs (before, on the way, after): iterations (E,) and scores (S, E)."""
     def at(tag, r):
@@ -231,10 +238,12 @@ def _nearest_rank(values: torch.Tensor, q: float) -> float:
     return values.sort().values[max(math.ceil(q * values.numel()), 1) - 1].item()
 
 
-def reach_table(runs: dict, kind: str = "eval", samples: int = 1000) -> str:
+def reach_table(runs: dict, kind: str = "eval", samples: int = 1000, alone: dict | None = None) -> str:
     """What each method spends to reach Flow-GRPO's best score, on three axes: iterations, transformer evaluations
-    and seconds (sampling + rewards + training). `kind` "eval": the held-out score at the evaluation points (mean
-    over seeds); "train": the 5-iteration mean of the training reward at every iteration. The point estimate uses
+    and seconds (sampling + rewards + training) as the runs measured them, and, given `alone` ({label: seconds per
+    iteration measured one run at a time}), the iterations times that calibrated cost. `kind` "eval": the held-out
+    score at the evaluation points (mean over seeds); "train": the 5-iteration mean of the training reward at every
+    iteration. The point estimate uses
     every seed. The uncertainty is a bootstrap over seeds in which one draw of seeds (with replacement, `samples`
     times, a fixed generator) serves every method and Flow-GRPO's target alike, as seeds are shared: each cell
     gives the 10th-90th percentile (nearest rank) over the draws that reach the target, and the share of draws
@@ -263,8 +272,8 @@ def reach_table(runs: dict, kind: str = "eval", samples: int = 1000) -> str:
     target = {k: curve(aligned[flow][1])[0][d].mean(1).max(1).values for k, d in draws.items()}  # (K,) each
     name = "held-out score" if kind == "eval" else "training reward (5-iteration mean)"
     lines = [f"{name}: Flow-GRPO's best {float(target['all'][0]):.3f} (seeds {', '.join(map(str, common))})", "",
-             "| method | reaches it at iteration (10-90%; never) | transformer evaluations (10-90%) | seconds (10-90%) |",
-             "|---|---|---|---|"]
+             "| method | reaches it at iteration (10-90%; never) | transformer evaluations (10-90%) | seconds (10-90%) |"
+             + (" seconds alone, calibrated (10-90%) |" if alone else ""), "|---|---|---|---|" + ("---|" if alone else "")]
     for label, (v, seeds) in aligned.items():
         scores, its = curve(seeds)
         cost = _costs(seeds)
@@ -275,9 +284,14 @@ def reach_table(runs: dict, kind: str = "eval", samples: int = 1000) -> str:
             it = its[at[ok]]  # (K',) iterations
             axes[k] = {"never": 1 - ok.float().mean().item(), "iteration": it.float(),
                        "evaluations": cost["evaluations"][it],
-                       "seconds": cost["seconds"][d[ok], it[:, None]].mean(1)}  # (K',) drawn seeds' mean
+                       "seconds": cost["seconds"][d[ok], it[:, None]].mean(1),  # (K',) drawn seeds' mean
+                       "alone": it.float() * (alone or {}).get(label, math.nan)}  # (K',)
         cells = [label]
-        for axis, fmt in (("iteration", "{:.0f}"), ("evaluations", "{:,.0f}"), ("seconds", "{:.0f}")):
+        for axis, fmt in (("iteration", "{:.0f}"), ("evaluations", "{:,.0f}"), ("seconds", "{:.0f}"),
+                          ("alone", "{:.0f}"))[:4 if alone else 3]:
+            if axis == "alone" and label not in alone:
+                cells.append("not measured")
+                continue
             point, boot = axes["all"][axis], axes["boot"][axis]
             spread = (f"{fmt.format(_nearest_rank(boot, 0.1))}-{fmt.format(_nearest_rank(boot, 0.9))}"
                       if boot.numel() else "-")

@@ -3,6 +3,7 @@ closed forms and the numerically integrated density of torch.distributions.Stude
 against hand computation on a synthetic paired design, and beside it what treating the runs as unpaired would
 say; the contrast table and the reach table's joint bootstrap on synthetic runs."""
 
+import dataclasses
 import gzip
 import json
 import math
@@ -104,6 +105,49 @@ def test_the_reach_bootstrap_draws_the_same_seeds_for_every_method(tmp_path):
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in
             report.reach_table(runs, "eval", samples=200).splitlines()[4:]}
     assert rows == {"flow-grpo": "4 (4-4; never 0%)", "tp-grpo": "2 (2-2; never 0%)"}
+
+
+def test_calibrated_seconds_are_the_iterations_reached_times_the_seconds_per_iteration_alone(tmp_path):
+    results = str(tmp_path)
+    flow, tp = C.Variant("flow-grpo", iterations=4), C.Variant("tp-grpo", iterations=4)
+    for s in (0, 1):
+        write_result(results, "heldout", flow, s, [0.1], [0.6], evals_at=(2,), rewards=(0.5,) * 4)
+        write_result(results, "heldout", tp, s, [0.1], [0.6], evals_at=(2,), rewards=(0.5,) * 4)
+        r = C.load_result(results, "heldout", flow, s)
+        r["evals"]["iter000002"]["eval/reward"] = 0.3  # Flow-GRPO reaches its best (0.6) at 4, TP-GRPO at 2
+        with gzip.open(C.result_path(results, "heldout", flow, s), "wt") as f:
+            json.dump(r, f)
+    runs = {label: (v, [C.load_result(results, "heldout", v, s) for s in (0, 1)])
+            for label, v in (("flow-grpo", flow), ("tp-grpo", tp))}
+    cells = {line.split(" | ")[0].strip("| "): line.strip(" |").split(" | ")[1:] for line in
+             report.reach_table(runs, "eval", samples=50, alone={"flow-grpo": 2.5}).splitlines()[4:]}
+    # as measured: write_result's rows take 2.0 + 0.5 + 1.5 = 4 s per iteration; alone: 4 x 2.5 for Flow-GRPO
+    assert cells["flow-grpo"] == ["4 (4-4; never 0%)", "1,280 (1,280-1,280)", "16 (16-16)", "10 (10-10)"]
+    assert cells["tp-grpo"] == ["2 (2-2; never 0%)", "640 (640-640)", "8 (8-8)", "not measured"]
+    assert "seconds alone" not in report.reach_table(runs, "eval", samples=50)
+
+
+def test_seconds_per_iteration_leave_out_the_warm_up_and_take_the_median(tmp_path):
+    v = C.Variant("tp-grpo", iterations=4)
+    write_result(str(tmp_path), "validation", v, 0, [0.1], [0.2], rewards=(0.5,) * 4)
+    r = C.load_result(str(tmp_path), "validation", v, 0)
+    for row, sample in zip(r["rows"], (30.0, 2.0, 3.0, 9.0)):  # per iteration 30 + 2, 2 + 2, 3 + 2, 9 + 2
+        row["time/sample_s"] = sample
+    assert report.seconds_per_iteration([r]) == 5.0  # the median of 4, 5, 11 (the first, warm-up, left out)
+    assert report.seconds_per_iteration([r], warm_up=0) == 5.0  # torch's median of an even count: the lower middle
+
+
+def test_the_headline_seconds_run_alone_at_the_headline_settings(tmp_path, monkeypatch):
+    waves = []
+    monkeypatch.setattr(C, "_run_wave", lambda todo, split, results, runs, jobs: waves.append((todo, split, jobs)) or
+                        [write_result(results, split, v, s, [0.1], [0.2]) for v, s in todo])
+    monkeypatch.setattr(C, "chosen", lambda results, method: C.Variant(method, lr=3e-3, clip_range=1e-5))
+    C.run(["headline-seconds"], str(tmp_path), str(tmp_path / "runs"), jobs=2)
+    (todo, split, jobs), = waves
+    headline = C.EXPERIMENTS["headline"].variants(str(tmp_path))
+    assert jobs == 1 and split == "validation" and [s for _, s in todo] == [0] * 5
+    assert [v for v, _ in todo] == [dataclasses.replace(v, iterations=10, eval_every=0) for v in headline.values()]
+    assert set(C.seconds_alone(str(tmp_path))) == set(headline)
 
 
 def test_the_drift_table_flags_a_proxy_that_rises_while_the_gold_falls(tmp_path):
