@@ -225,10 +225,7 @@ def report_truth(out: dict, reports: str) -> None:
                      f"{100 * row['d_zero']:.0f}% | {agree:.2f} / {row['d_sign_agree_moved']:.2f} | "
                      f"{100 * row['tp_rate']:.1f}% / {100 * row['tp_rate_truth']:.1f}%, {row['tp_precision']:.2f} / "
                      f"{row['tp_recall']:.2f} |")
-    os.makedirs(reports, exist_ok=True)
-    with open(os.path.join(reports, "judges_truth.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    _write_table(reports, "judges_truth.md", lines)
 
 
 def fidelity(args) -> dict:
@@ -267,8 +264,13 @@ def report_fidelity(out: dict, reports: str) -> None:
         lines.append(f"| {spec} | {row['evals_per_trajectory']:.0f} | {' '.join(f'{v:.3f}' for v in row['rmse'][:W])} "
                      f"| {' '.join(f'{v:.2f}' for v in row['d_sign_agree'])} | {row['d_sign_agree_moved']:.2f} | "
                      f"{row['tp_precision']:.2f} / {row['tp_recall']:.2f} | {row['adv_corr']:.3f} |")
+    _write_table(reports, "fidelity.md", lines)
+
+
+def _write_table(reports: str, name: str, lines: list[str]) -> None:
+    """A report's markdown lines to reports/<name>, and printed."""
     os.makedirs(reports, exist_ok=True)
-    with open(os.path.join(reports, "fidelity.md"), "w") as f:
+    with open(os.path.join(reports, name), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -313,10 +315,7 @@ def report_measure(out: dict, reports: str, stem: str = "judge") -> None:
                                          ("d_sign_agree", "d_k sign agreement (step k+1)")]):
             cells = " | ".join(f"{v:+.3f}" if key == "bias" else f"{v:.3f}" for v in row[key][:st["window"]])
             lines.append(f"| {a if i == 0 else ''} | {name} | {cells} | {tps if i == 0 else ''} |")
-    os.makedirs(reports, exist_ok=True)
-    with open(os.path.join(reports, f"{stem}.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    _write_table(reports, f"{stem}.md", lines)
     levels = list(out["levels"].items())
     fig = Figure(figsize=(4 * len(levels), 3.8), dpi=110)
     axes = fig.subplots(1, len(levels), sharey=True, squeeze=False)[0]
