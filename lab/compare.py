@@ -431,8 +431,8 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
             if any(v.eval_every for v, _ in runs.values()):
                 parts += [report.evals_table(runs, metric), "",
                           report.evals_contrast_table(runs, exp.contrasts, metric), ""]
-        if name == "headline":
-            alone = seconds_alone(results)
+        alone = seconds_alone(results) if name == "headline" else None
+        if alone is not None:
             parts += [report.reach_table(runs, "eval", alone=alone), "", report.reach_table(runs, "train", alone=alone),
                       ""]
         if len(exp.metrics) > 1 and any(v.eval_every for v, _ in runs.values()):
@@ -453,7 +453,7 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
         elif len(exp.metrics) > 1 and any(v.eval_every for v, _ in runs.values()):
             report.proxy_gold_figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
         else:
-            report.figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
+            report.figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}", alone=alone)
         texts.append(text)
     print("\n\n".join(texts))
     return "\n\n".join(texts)

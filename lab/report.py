@@ -344,20 +344,26 @@ def proxy_gold_figure(runs: dict, path: str, title: str, proxy: str = "reward", 
     fig.savefig(path)
 
 
-def figure(runs: dict, path: str, title: str) -> None:
+def figure(runs: dict, path: str, title: str, alone: dict | None = None) -> None:
     """Training reward (5-iteration mean) and the evaluations (before, on the way, after), each +- SE over seeds,
-    against iterations, transformer evaluations and wall seconds."""
+    against iterations, transformer evaluations and wall seconds: as the runs measured them, or, given `alone`
+    ({label: seconds per iteration measured alone} for every variant), iterations x those calibrated seconds."""
     fig = Figure(figsize=(14, 3.8), dpi=110)
     axes = fig.subplots(1, 3, sharey=True)
     styles = ["-", "--", ":", "-."]
+    calibrated = bool(alone) and all(label in alone for label in runs)
+    seconds_label = ("seconds alone, calibrated (iterations x seconds per iteration)" if calibrated
+                     else "seconds (sampling + rewards + training)")
     for ax, (xkey, xlabel) in zip(axes, [("iteration", "iteration"), ("evaluations", "transformer evaluations"),
-                                         ("seconds", "seconds (sampling + rewards + training)")]):
+                                         ("seconds", seconds_label)]):
         seen = {}  # variants of each method drawn so far: the next one takes the next line style
         for label, (v, seeds) in runs.items():
             color, style = COLORS[v.method], styles[seen.get(v.method, 0) % len(styles)]
             seen[v.method] = seen.get(v.method, 0) + 1
             x = _costs(seeds)[xkey]
             x = x.mean(0) if x.ndim == 2 else x  # (I+1,): seconds averaged over seeds
+            if xkey == "seconds" and calibrated:
+                x = _costs(seeds)["iteration"] * alone[label]  # (I+1,)
             y = _smooth(_curve(seeds, "reward/mean"))  # (S, I)
             m, se = y.mean(0), _se(y)
             ax.plot(x[1:], m, style, color=color, lw=1, alpha=0.8, label=f"{label} ({len(seeds)} seeds)")

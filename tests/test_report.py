@@ -127,6 +127,28 @@ def test_calibrated_seconds_are_the_iterations_reached_times_the_seconds_per_ite
     assert "seconds alone" not in report.reach_table(runs, "eval", samples=50)
 
 
+def test_the_figure_puts_calibrated_seconds_on_its_third_axis_only_when_every_variant_has_them(tmp_path, monkeypatch):
+    results = str(tmp_path)
+    runs = {}
+    for label in ("flow-grpo", "tp-grpo"):
+        v = C.Variant(label, iterations=4)
+        write_result(results, "heldout", v, 0, [0.1], [0.6], rewards=(0.5,) * 4)
+        runs[label] = (v, [C.load_result(results, "heldout", v, 0)])
+    saved = []
+    monkeypatch.setattr(report.Figure, "savefig", lambda fig, path: saved.append(fig))
+
+    def seconds_of_the_training_curves(alone):  # the x of each variant's training-reward line on the third axis
+        report.figure(runs, str(tmp_path / "f.png"), "test", alone=alone)
+        third = saved.pop().axes[2]
+        return third.get_xlabel(), [list(line.get_xdata()) for line in third.lines
+                                       if not line.get_label().startswith("_")]  # the errorbars' lines are unlabelled
+
+    label, xs = seconds_of_the_training_curves({"flow-grpo": 2.5, "tp-grpo": 1.0})
+    assert label.startswith("seconds alone") and xs[0] == [2.5, 5.0, 7.5, 10.0] and xs[1] == [1.0, 2.0, 3.0, 4.0]
+    label, xs = seconds_of_the_training_curves({"flow-grpo": 2.5})  # one variant not measured: as the runs measured
+    assert label.startswith("seconds (") and xs[0] == xs[1] == [4.0, 8.0, 12.0, 16.0]
+
+
 def test_seconds_per_iteration_leave_out_the_warm_up_and_take_the_median(tmp_path):
     v = C.Variant("tp-grpo", iterations=4)
     write_result(str(tmp_path), "validation", v, 0, [0.1], [0.2], rewards=(0.5,) * 4)
