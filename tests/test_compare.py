@@ -171,6 +171,10 @@ def test_the_toyscore_check_is_a_star_around_the_grid_choice_and_chooses_by_the_
             for s in C.GRID_SEEDS:
                 x = 0.6 if (v.lr, v.clip_range) == best[m] else 0.5
                 write_result(results, "validation", v, s, [0.3, 0.3], [x, x])
+    assert C.toyscore_choice(results) == ("The choice by the mean validation proxy over seeds 0, 1: flow-grpo: lr "
+                                          "0.001, clip 0.001 (the centre: the choice on the programmatic reward still "
+                                          "fits); tp-grpo: lr 0.003, clip 0.001 (not the centre, lr 0.001 and clip "
+                                          "0.001).")
     variants = C.EXPERIMENTS["toyscore"].variants(results)
     assert variants["incremental"] == C.Variant("incremental", lr=3e-3, clip_range=1e-3, reward="toyscore")
     assert variants["tp-grpo x0"] == C.Variant("tp-grpo", lr=3e-3, clip_range=1e-3, reward="toyscore",
