@@ -373,7 +373,8 @@ def figure(runs: dict, path: str, title: str, alone: dict | None = None) -> None
                         lw=1.5)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("toy score")
+    learned = any(v.reward == "toyscore" for v, _ in runs.values())
+    axes[0].set_ylabel("proxy: ToyScore / 26 (the trained reward)" if learned else "toy score")
     axes[0].legend(fontsize=6)
     fig.suptitle(f"{title}\nthin lines: training reward (5-iteration mean); dots: evaluation score; +- SE over seeds",
                  fontsize=9)
