@@ -302,22 +302,30 @@ def reach_table(runs: dict, kind: str = "eval", samples: int = 1000, alone: dict
     return "\n".join(lines)
 
 
+def direction(c: dict) -> str:
+    """'up' or 'down' where the paired t interval excludes 0 on that side, 'flat' where it holds 0."""
+    return "up" if c["resolved"] and c["lo"] > 0 else "down" if c["resolved"] and c["hi"] < 0 else "flat"
+
+
 def drift_table(runs: dict, proxy: str = "reward", gold: str = "toy") -> str:
     """Over-optimisation: for each variant and each stretch between consecutive evaluation points, how the proxy
     (the trained reward) and the gold moved, each the mean over seeds of the per-seed change with its paired t
-    interval (the same run at both points). A stretch over-optimises, resolved, when the proxy's interval lies
-    above 0 and the gold's below 0."""
-    lines = ["| variant | iterations | proxy change (95% t interval, df) | gold change (95% t interval, df) | proxy up, "
-             "gold down |", "|---|---|---|---|---|"]
+    interval (the same run at both points), and the reading: **over-optimises** where the proxy's interval lies
+    above 0 and the gold's below 0 (the pre-registered test), otherwise each one's direction (up, down, or flat
+    where its interval holds 0): "proxy up, gold flat" is not over-optimisation, "both down" is a collapse."""
+    lines = ["| variant | iterations | proxy change (95% t interval, df) | gold change (95% t interval, df) "
+             "| reading |", "|---|---|---|---|---|"]
     for label, (_, seeds) in runs.items():
         its, p = _evals(seeds, proxy)  # (E,), (S, E)
         g, ids = _evals(seeds, gold)[1], [seed_of(r) for r in seeds]  # (S, E), S seeds
         for e in range(1, len(its)):
             cp, cg = (paired_difference(dict(zip(ids, x[:, e].tolist())), dict(zip(ids, x[:, e - 1].tolist())))
                       for x in (p, g))
-            flag = "yes" if cp["resolved"] and cp["lo"] > 0 and cg["resolved"] and cg["hi"] < 0 else "no"
+            dp, dg = direction(cp), direction(cg)
+            reading = ("**over-optimises**" if (dp, dg) == ("up", "down") else f"both {dp}" if dp == dg
+                       else f"proxy {dp}, gold {dg}")
             lines.append(f"| {label} | {int(its[e - 1])}-{int(its[e])} | {format_difference(cp)} | "
-                         f"{format_difference(cg)} | {flag} |")
+                         f"{format_difference(cg)} | {reading} |")
     return "\n".join(lines)
 
 

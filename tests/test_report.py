@@ -181,11 +181,15 @@ def test_the_drift_table_flags_a_proxy_that_rises_while_the_gold_falls(tmp_path)
     hacks = [run(s, (0.2, 0.4 + d, 0.6 + d), (0.3, 0.5, 0.4 - d)) for s, d in enumerate((0.0, 0.02, 0.01))]
     # "honest": the gold follows the proxy up
     honest = [run(s, (0.2, 0.3 + d, 0.4 + d), (0.3, 0.35 + d, 0.45)) for s, d in enumerate((0.0, 0.02, 0.01))]
+    # "plateau": both fall by 0.10-0.12 (a collapse), then the proxy rises while the gold moves -0.01, +0.03, +0.01
+    plateau = [run(s, (0.2, 0.1 - d, 0.3 + d), (0.3, 0.2 - d, 0.19 + d)) for s, d in enumerate((0.0, 0.02, 0.01))]
     runs = {"hacks": (C.Variant("tp-grpo", iterations=40, eval_every=20), hacks),
-            "honest": (C.Variant("flow-grpo", iterations=40, eval_every=20), honest)}
+            "honest": (C.Variant("flow-grpo", iterations=40, eval_every=20), honest),
+            "plateau": (C.Variant("incremental", iterations=40, eval_every=20), plateau)}
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in report.drift_table(runs).splitlines()[2:]]
-    assert [(r[0], r[1], r[4]) for r in rows] == [("hacks", "0-20", "no"), ("hacks", "20-40", "yes"),
-                                                  ("honest", "0-20", "no"), ("honest", "20-40", "no")]
+    assert [(r[0], r[1], r[4]) for r in rows] == [
+        ("hacks", "0-20", "both up"), ("hacks", "20-40", "**over-optimises**"), ("honest", "0-20", "both up"),
+        ("honest", "20-40", "both up"), ("plateau", "0-20", "both down"), ("plateau", "20-40", "proxy up, gold flat")]
     # the gold's 20-40 stretch of "hacks", by hand: per-seed changes -0.10, -0.12, -0.11
     gold = report.paired_difference({0: 0.40, 1: 0.38, 2: 0.39}, {0: 0.5, 1: 0.5, 2: 0.5})
     assert rows[1][3] == report.format_difference(gold) and gold["hi"] < 0
