@@ -330,7 +330,8 @@ def drift_table(runs: dict, proxy: str = "reward", gold: str = "toy") -> str:
 
 
 def proxy_gold_figure(runs: dict, path: str, title: str, proxy: str = "reward", gold: str = "toy") -> None:
-    """The held-out proxy and gold at every evaluation point against iterations, +- SE over seeds, a panel each."""
+    """The held-out proxy and gold at every evaluation point against iterations, +- SE over seeds, a panel each;
+    each seed's own curve faint behind its mean (a drop of one seed, a collapse, shows as itself)."""
     fig = Figure(figsize=(10, 3.8), dpi=110)
     axes = fig.subplots(1, 2)
     styles = ["-", "--", ":", "-."]
@@ -341,13 +342,14 @@ def proxy_gold_figure(runs: dict, path: str, title: str, proxy: str = "reward", 
             style = styles[seen.get(v.method, 0) % len(styles)]
             seen[v.method] = seen.get(v.method, 0) + 1
             its, scores = _evals(seeds, metric)  # (E,), (S, E)
+            ax.plot(its, scores.T, style, color=COLORS[v.method], lw=0.7, alpha=0.3)
             ax.errorbar(its, scores.mean(0), yerr=_se(scores), fmt="o" + style, color=COLORS[v.method], capsize=3,
                         ms=4, label=f"{label} ({len(seeds)} seeds)")
         ax.set_xlabel("iteration")
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{title}\nheld-out evaluation, +- SE over seeds", fontsize=9)
+    fig.suptitle(f"{title}\nheld-out evaluation, +- SE over seeds; faint: each seed", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
 
