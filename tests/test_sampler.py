@@ -257,7 +257,10 @@ def test_k_steps_covering_the_grid_are_the_full_ode_and_every_judge_replays(pipe
     assert torch.equal(_rollout(pipe, grid, seed=5, completion_steps=T)[0].completions, full.completions)
     for K in (None, 2, 1):
         a, b = (_rollout(pipe, grid, seed=5, completion_steps=K)[0] for _ in range(2))
-        assert torch.equal(a.completions, b.completions) and torch.equal(a.states, full.states)
+        assert torch.equal(a.completions, b.completions) and torch.equal(a.states, b.states)
+        # the judge does not steer the trajectory: its states ride in wavefront batches of another size, so they
+        # agree with the full judge's to float rounding, not bit for bit (MKL's kernels depend on the batch shape)
+        torch.testing.assert_close(a.states, full.states, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="unknown completion 'ode:0'"):
         S.completion_steps("ode:0")
 
