@@ -303,8 +303,9 @@ def reach_table(runs: dict, kind: str = "eval", samples: int = 1000, alone: dict
 
 
 def direction(c: dict) -> str:
-    """'up' or 'down' where the paired t interval excludes 0 on that side, 'flat' where it holds 0."""
-    return "up" if c["resolved"] and c["lo"] > 0 else "down" if c["resolved"] and c["hi"] < 0 else "flat"
+    """'up' or 'down' where the paired t interval excludes 0 on that side, 'flat' where it holds 0 (or, with one
+    seed, is NaN)."""
+    return "up" if c["lo"] > 0 else "down" if c["hi"] < 0 else "flat"
 
 
 def drift_table(runs: dict, proxy: str = "reward", gold: str = "toy") -> str:
