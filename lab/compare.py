@@ -239,6 +239,19 @@ def toyscore_choice(results: str) -> str:
 TOYSCORE = (("tp-grpo", "flow-grpo"), ("tp-grpo", "incremental"), ("tp-grpo", "tp-grpo-base"),
             ("incremental", "flow-grpo"), ("tp-grpo x0", "tp-grpo"))
 TOYSCORE_LONG = (("tp-grpo", "flow-grpo"), ("incremental", "tp-grpo"), ("incremental", "flow-grpo"))
+# The clip check (lab/README.md, 'The clip check'): each step-wise method at Flow-GRPO's clip 1e-5 against its own
+# toyscore-long run at 1e-4 (same seeds: a pair), and TP-GRPO at 1e-5 against Flow-GRPO
+TOYSCORE_CLIP = (("tp-grpo clip 1e-5", "tp-grpo clip 1e-4"), ("incremental clip 1e-5", "incremental clip 1e-4"),
+                 ("tp-grpo clip 1e-5", "flow-grpo"))
+
+
+def _toyscore_clip(results: str) -> dict[str, Variant]:
+    """toyscore-long's runs (TP-GRPO and incremental at clip 1e-4, Flow-GRPO at 1e-5) and the step-wise methods
+    again at clip 1e-5, everything else the same."""
+    long = EXPERIMENTS["toyscore-long"].variants(results)
+    twins = {f"{m} clip {c}": dataclasses.replace(long[m], clip_range=float(c))
+             for m in ("tp-grpo", "incremental") for c in ("1e-4", "1e-5")}
+    return {**twins, "flow-grpo": long["flow-grpo"]}
 
 EXPERIMENTS = {e.name: e for e in [
     Experiment("methods", "the four methods at the shared default (lr 1e-3, clip 1e-4), seeds 0-2: the old quick "
@@ -284,6 +297,10 @@ EXPERIMENTS = {e.name: e for e in [
                "along the way (does a method over-optimise the proxy?)", "heldout", SIX_SEEDS,
                lambda results: {m: dataclasses.replace(chosen_toyscore(results, m), iterations=100, eval_every=20)
                                 for m in ("flow-grpo", "tp-grpo", "incremental")}, contrasts=TOYSCORE_LONG,
+               metrics=GOLD_AND_PROXY),
+    Experiment("toyscore-clip", "the clip check: TP-GRPO and incremental on ToyScore for 100 iterations at "
+               "Flow-GRPO's clip 1e-5, each paired with its clip-1e-4 run of toyscore-long (is the late collapse the "
+               "method or the clip?)", "heldout", SIX_SEEDS, _toyscore_clip, contrasts=TOYSCORE_CLIP,
                metrics=GOLD_AND_PROXY),
 ]}
 
