@@ -132,7 +132,7 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
             ro = S.wavefront_rollout(transformer, cond, x_T, gens, sigmas=sigmas, timesteps=timesteps, w0=0,
                                      window=args.window, noise_level=args.noise_level, kind="cps",
                                      guidance_scale=args.guidance, complete=complete, chunk_size=args.chunk_size,
-                                     completion_steps=S.completion_steps(judge))
+                                     completion_steps=S.parse_completion(judge))
             counter = models.EvalCounter(ro.counter.nfe, ro.counter.calls)
             if naive:
                 S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter=counter)
@@ -187,7 +187,7 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
         for k in range(cfg.window):
             t = timesteps[k].expand(n)  # (n,)
             loss, _, _ = step_loss(pipe.transformer, ro.states[:, k], ro.states[:, k + 1], t=t, cond=cond,
-                                   sigma=sigmas[k], sigma_next=sigmas[k + 1], logp_old=ro.log_probs[:, k],
+                                   sigma=sigmas[k], sigma_next=sigmas[k + 1], log_weight_old=ro.log_weights[:, k],
                                    adv=torch.randn(n, device=args.device))
             loss.backward()
         optimizer.step()
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None):
     args.phases = args.phases.split(",")
     args.judges = [j for j in args.judges.split(",") if j]
     try:
-        [S.completion_steps(j) for j in args.judges]
+        [S.parse_completion(j) for j in args.judges]
     except ValueError as e:
         p.error(f"--judges: {e}")
     if not set(args.phases) <= set(PHASES):

@@ -307,7 +307,7 @@ def check_config(cfg: Config) -> str:
     if cfg.sampler not in S.SAMPLERS:
         return f"unknown --sampler '{cfg.sampler}'; choose one of {', '.join(S.SAMPLERS)}"
     try:
-        S.completion_steps(cfg.completion)
+        S.parse_completion(cfg.completion)
     except ValueError as e:
         return f"--completion: {e}"
     if not 1 <= cfg.window <= cfg.steps or cfg.window_start + cfg.window > cfg.steps:

@@ -1,6 +1,6 @@
 """Evaluation: ODE sampling of a held-out prompt set and the paper's metrics (Sec. 5; docs/method.md, 'Rewards'),
-for a base model plus a
-LoRA (or its EMA) written by train.py.
+for a base model plus a LoRA (or its EMA) written by train.py, and during training (`HeldOut`: train.py calls it
+once per evaluation point and logs what it returns).
 
 Sampling is the plain Euler ODE with the preset's evaluation steps and CFG (SD3.5-M: 40 steps, w = 4.5); every
 image has a fixed seed (config.EVAL_SEED, image index), so two checkpoints are compared on the same noise. Metrics
@@ -16,7 +16,8 @@ ImageReward and UnifiedReward (quality.py) of any checkpoint, whatever task it w
       --model-paths aesthetic=sac+logos+ava1-l14-linearMSE.pth
 
 Writes OUTPUT_DIR/eval.json (mean, std, standard error per metric, and every image's values) and OUTPUT_DIR/grid.png;
-prints a table. A metric that gives no value for an image (NaN: UnifiedReward's answer without a score) is left out
+prints a table. During training the same evaluation writes eval_<tag>.json and samples_<tag>.png into the run's
+output folder, with the paired change against the evaluation before training. A metric that gives no value for an image (NaN: UnifiedReward's answer without a score) is left out
 of its mean and counted in <metric>_failed; eval.json writes it as null.
 
 Shape legend: M evaluation images, C/h/w latent channels/height/width, H/W pixel height/width (no window length
@@ -30,6 +31,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -44,6 +46,7 @@ import models
 import quality  # noqa: F401  (registers imagereward and unifiedreward in rewards.REWARD_LOADERS)
 import rewards
 import sampler as S
+import toyworld
 
 GRID_IMAGES = 32  # evaluation images shown in the grid picture (grid.png, train.py's samples_<tag>.png)
 
@@ -86,6 +89,95 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
         tags = [metadata[i % len(prompts)].get("tag", "") for i in range(samples)]
         summary.update(geneval.geneval_summary(values["geneval_correct"], tags))
     return {"summary": summary, "values": values, "images": images, "index": torch.tensor(mine)}
+
+
+@dataclass
+class HeldOut:
+    """The held-out evaluation inside training: the (EMA) policy sampled with the plain ODE on the run's
+    evaluation prompts and settings (`sample_and_score`), the same images at every evaluation point. Called as
+    heldout(tag, iteration) by train.py; writes eval_<tag>.json and samples_<tag>.png and returns
+    {"eval/<metric>": value}, with the paired change against "before" (the same images) once that exists."""
+
+    cfg: config.Config
+    accelerator: Accelerator
+    pipe: object  # pipe.transformer is the trained policy
+    reward_fn: object  # rewards.load_rewards
+    prompts: list[str]  # the evaluation prompts (cycled over cfg.eval_samples images)
+    metadata: list[dict]
+    transformer: object  # what sampling calls: the policy, or its compiled form (--compile)
+    ema: object = None  # policy.EMA: its weights are the ones evaluated
+    values: dict = field(default_factory=dict)  # per-image values {metric: (M,)} of each tag, for paired changes
+
+    def __call__(self, tag: str, iteration: int) -> dict[str, float]:
+        cfg = self.cfg
+        self.pipe.transformer.eval()
+        if self.ema is not None:
+            self.ema.swap()  # the EMA weights are the ones evaluated (docs/method.md, 'SD3.5-Medium hyperparameters')
+        # before training, the toy checkpoint's shipped values stand in when its first images agree
+        result = (self.shipped() if tag == "before" else None) or self.images(cfg.eval_samples)
+        if self.ema is not None:
+            self.ema.swap()
+        self.values[tag] = result["values"]
+        summary = {f"eval/{k}": v for k, v in result["summary"].items()} | self.changes(tag)
+        if self.accelerator.is_main_process:
+            self.write(tag, iteration, result, summary)
+        return summary
+
+    def images(self, samples: int) -> dict:
+        """sample_and_score on the first `samples` held-out images, with the run's evaluation settings."""
+        cfg = self.cfg
+        with self.accelerator.autocast():
+            return sample_and_score(self.pipe, self.prompts, self.metadata, self.reward_fn, samples=samples,
+                                    steps=cfg.eval_steps, guidance=cfg.eval_guidance, resolution=cfg.resolution,
+                                    max_sequence_length=cfg.max_sequence_length, batch=cfg.reward_batch,
+                                    accelerator=self.accelerator, transformer=self.transformer, seed=cfg.eval_seed)
+
+    def shipped(self) -> dict | None:
+        """The toy world's shortcut for the evaluation before training: a run from iteration 0 evaluates the base
+        model (LoRA's B = 0), whose values of every image the shipped checkpoint carries when the run's evaluation
+        settings are the ones they were computed with (toyworld.shipped_heldout_values). Only the grid's first
+        images are recomputed; if they agree, their images with the shipped values, else None (evaluate
+        everything)."""
+        shipped, print_ = toyworld.shipped_heldout_values(self.cfg), self.accelerator.print
+        if shipped is None:
+            return None
+        result = self.images(GRID_IMAGES)
+        if torch.allclose(result["values"]["reward"], shipped["reward"][:GRID_IMAGES], atol=1e-5):
+            print_(f"eval before: the checkpoint's shipped values (its first {GRID_IMAGES} images recomputed and equal)")
+            return result | {"values": shipped, "summary": summarize(shipped)}
+        print_(f"eval before: the checkpoint's shipped values disagree with a fresh evaluation of its first "
+               f"{GRID_IMAGES} images on this machine; evaluating all {self.cfg.eval_samples}")
+        return None
+
+    def changes(self, tag: str) -> dict[str, float]:
+        """The paired change of the reward against "before" (the same images), and of every reward of weight 0
+        (reported, not trained on: the gold beside a learned proxy, `--rewards toyscore:1,toy:0`), eval/<name>_change;
+        {} before training or at "before" itself."""
+        if "before" not in self.values or tag == "before":
+            return {}
+        before, now = self.values["before"], self.values[tag]
+        out = dict(zip(("eval/change", "eval/change_se"), paired_change(before["reward"], now["reward"])))
+        for name in [k for k, w in config.parse_weights(self.cfg.rewards).items() if w == 0]:
+            out.update(zip((f"eval/{name}_change", f"eval/{name}_change_se"), paired_change(before[name], now[name])))
+        return out
+
+    def write(self, tag: str, iteration: int, result: dict, summary: dict) -> None:
+        """samples_<tag>.png (also to the tracker) and eval_<tag>.json with every image's values."""
+        first = slice(0, GRID_IMAGES)
+        grid = save_grid(result["images"][first], os.path.join(self.cfg.output_dir, f"samples_{tag}.png"),
+                         captions=captions(self.prompts, result["index"][first], result["values"]["reward"]))
+        log_grid(self.accelerator, grid, iteration)
+        with open(os.path.join(self.cfg.output_dir, f"eval_{tag}.json"), "w") as f:
+            json.dump({"iteration": iteration, **summary, "per_image": per_image(result["values"])}, f, indent=1)
+
+
+def log_grid(accelerator, grid, step: int):
+    """The evaluation's image grid (H, W, 3) uint8 next to the curves, in whichever tracker is on."""
+    for tracker in accelerator.trackers:
+        if tracker.name == "tensorboard":
+            tracker.log_images({"eval/samples": grid[None]}, step, dataformats="NHWC")
+        elif tracker.name == "wandb":
+            tracker.log_images({"eval/samples": [grid]}, step)
 
 
 def summarize(values: dict) -> dict:

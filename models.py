@@ -242,7 +242,7 @@ class EvalCounter:
     calls: int = 0
 
 
-def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, guidance_scale: float,
+def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, guidance_scale: float, *,
              counter: EvalCounter | None = None) -> torch.Tensor:
     """Guided velocity v(x, sigma, c) in float32 for a batch of n images at per-image timesteps (n,).
 
@@ -254,7 +254,7 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
     # a DDP / DeepSpeed wrapper hides .dtype behind .module
     dtype = transformer.dtype if hasattr(transformer, "dtype") else transformer.module.dtype
     if is_flux(transformer):
-        out = _flux_velocity(transformer, x, timestep, cond, guidance_scale, dtype)  # (n, h/2 * w/2, 4C)
+        out = _flux_velocity(transformer, x, timestep, cond, guidance_scale, dtype=dtype)  # (n, h/2 * w/2, 4C)
     else:
         if cond.neg_embeds is not None:
             hidden = torch.cat([x, x]).to(dtype)  # (2n, C, h, w)
@@ -278,7 +278,7 @@ def velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, g
     return v_uncond + guidance_scale * (v_cond - v_uncond)  # (n, C, h, w)
 
 
-def _flux_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, guidance_scale: float,
+def _flux_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, guidance_scale: float, *,
                    dtype: torch.dtype) -> torch.Tensor:
     """FLUX's velocity for packed latents x (n, h/2 * w/2, 4C) in float32, one forward pass per image.
 

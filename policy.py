@@ -1,10 +1,11 @@
 """The trained policy: LoRA on the transformer, its reference (adapters off), the EMA of its weights, the per-step
-GRPO loss evaluated on it, and its weights in diffusers' format.
+GRPO loss evaluated on it and the statistics of an iteration's updates, its compiled form for sampling, and its
+weights in diffusers' format.
 
-Paper (arXiv 2602.06422) Sec. 5 and Flow-GRPO (arXiv 2505.05470): the policy pi_theta is the flow model's
-stochastic step with the transformer's LoRA-adapted velocity; the KL's reference pi_ref is the same transformer
-with the adapter switched off (docs/method.md, 'The KL to the reference policy', 'The clipped loss'). The EMA and
-LoRA settings are the demo code's (docs/method.md, 'SD3.5-Medium hyperparameters').
+Flow-GRPO (arXiv 2505.05470), as the paper (arXiv 2602.06422) trains with it: the policy pi_theta is the flow
+model's stochastic step with the transformer's LoRA-adapted velocity; the KL's reference pi_ref is the same
+transformer with the adapter switched off (docs/method.md, 'The KL to the reference policy', 'The clipped loss').
+The EMA and LoRA settings are the demo code's (docs/method.md, 'SD3.5-Medium hyperparameters').
 
 Used by train.py (the training loop), bench.py (a timed training step) and toymodel.py (the EMA of pretraining);
 tested through `python -m pytest tests/test_train.py tests/test_grpo.py`.
@@ -25,9 +26,11 @@ from diffusers import StableDiffusion3Pipeline
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 
+import collectives
 import grpo
 import models
 import sampler as S
+from config import Config
 
 
 def add_lora(transformer, rank: int, alpha: int, targets: list[str]):
@@ -74,10 +77,10 @@ class EMA:
     @torch.no_grad()
     def swap(self):
         """Exchange the live weights and the averaged ones (call twice to undo)."""
-        for s, p in zip(self.shadow, self.params):
+        for sh, p in zip(self.shadow, self.params):
             tmp = p.detach().clone()
-            p.copy_(s)
-            s.copy_(tmp)
+            p.copy_(sh)
+            sh.copy_(tmp)
 
     def save(self, path: str):
         """The shadow weights and the step counter as safetensors (no pickle: loading it runs no code)."""
@@ -107,9 +110,10 @@ def reference_policy(transformer):
 
 @dataclass(frozen=True)
 class WindowStepLoss:
-    """Sec. 5's loss of one window step, with the run's settings bound once (train.setup): the policy's stochastic
-    step (sampler, noise level a, CFG scale w), the ratio clip eps, the KL weight beta and its reference policy.
-    Called on a micro-batch of b stored transitions x -> x_next (b, C, h, w) at one grid index."""
+    """Flow-GRPO's clipped loss of one window step (docs/method.md, 'The clipped loss'), with the run's settings
+    bound once (train.setup): the policy's stochastic step (sampler, noise level a, CFG scale w), the ratio clip
+    eps, the KL weight beta and its reference policy. Called on a micro-batch of b stored transitions x -> x_next
+    (b, C, h, w) at one grid index."""
 
     reference: Callable  # () -> a context manager yielding the KL's reference model (reference_policy)
     sampler: str  # "sde" | "cps" (sampler.stochastic_step)
@@ -119,31 +123,75 @@ class WindowStepLoss:
     beta: float  # the KL weight (0: no reference pass)
     autocast: Callable = contextlib.nullcontext  # bf16 base, float32 LoRA (under DeepSpeed: no autocast, all bf16)
 
-    def __call__(self, policy, x, x_next, *, t, cond, sigma, sigma_next, logp_old, adv, mask=None):
-        """log pi_theta of the stored x_next under `policy` (with grad), the reference's step mean when beta > 0,
-        and grpo.grpo_loss. t (b,), cond: the b rows' prompts, sigma / sigma_next the step's grid values,
-        logp_old / adv (b,), mask (b,) bool or None. Returns (loss, stats, log_prob (b,))."""
+    def __call__(self, policy, x, x_next, *, t, cond, sigma, sigma_next, log_weight_old, adv, mask=None):
+        """The step's log-weight of the stored x_next under `policy` (with grad; sampler.StepOut), the reference's
+        step mean when beta > 0, and grpo.grpo_loss. t (b,), cond: the b rows' prompts, sigma / sigma_next the
+        step's grid values, log_weight_old / adv (b,), mask (b,) bool or None. Returns (loss, stats,
+        log_weight (b,))."""
         where = dict(t=t, cond=cond, sigma=sigma, sigma_next=sigma_next)
-        # log pi_theta(x_next | x): the STORED next sample under the current policy (docs/method.md, 'The clipped
-        # loss')
+        # log w_theta(x_next | x) (log pi_theta for "sde"): the STORED next sample under the current policy
+        # (docs/method.md, 'The clipped loss')
         out = self.step(policy, x, x_next, **where)
         ref_mean = None
         if self.beta > 0:
             with torch.no_grad(), self.reference() as ref:
                 ref_mean = self.step(ref, x, x_next, **where).mean  # (b, C, h, w)
-        loss, stats = grpo.grpo_loss(out.log_prob, logp_old, adv, mean=out.mean, ref_mean=ref_mean, std_kl=out.std_kl,
-                                     clip_range=self.clip_range, beta=self.beta, mask=mask)
-        return loss, stats, out.log_prob
+        loss, stats = grpo.grpo_loss(out.log_weight, log_weight_old, adv, mean=out.mean, ref_mean=ref_mean,
+                                     std_kl=out.std_kl, clip_range=self.clip_range, beta=self.beta, mask=mask)
+        return loss, stats, out.log_weight
 
     def step(self, model, x, x_next, *, t, cond, sigma, sigma_next) -> S.StepOut:
         """`model`'s stochastic step from x, evaluated at the given x_next."""
         with self.autocast():
             v = models.velocity(model, x, t, cond, self.guidance)  # (b, C, h, w)
-        return S.stochastic_step(x, v, sigma, sigma_next, self.noise_level, self.sampler, next_sample=x_next)
+        return S.stochastic_step(x, v, sigma, sigma_next, self.noise_level, kind=self.sampler, next_sample=x_next)
+
+
+class UpdateStats:
+    """The training statistics of one iteration (docs/metrics.md): grpo_loss's statistics and the loss as
+    means over every counted (row, window step) of the iteration; the same for the first micro-batch alone
+    ("first_"), which trains before any optimizer step, so its ratio rho must be 1 up to the numerics
+    (first_ratio_dev, max |rho - 1| over all its rows, counted or not, checks the on-policy recomputation); the
+    mean gradient norm; the share of zero-advantage trajectories."""
+
+    def __init__(self):
+        self.sums, self.first, self.first_dev, self.grad_norms = {}, {}, 0.0, []
+
+    def add(self, stats: dict, loss: torch.Tensor, *, counted: int, first: bool, log_weight: torch.Tensor,
+            log_weight_old: torch.Tensor):
+        """One window step of a micro-batch: its stats weighted by its `counted` rows; log_weight, log_weight_old
+        (b,), the step's log-weights now and at sampling time."""
+        for into in (self.sums, self.first) if first else (self.sums,):
+            for key, val in {**stats, "loss": loss.detach(), "rows": 1.0}.items():
+                into[key] = into.get(key, 0.0) + float(val) * counted
+        if first:
+            rho = torch.exp(log_weight.detach() - log_weight_old)  # (b,)
+            self.first_dev = max(self.first_dev, float((rho - 1).abs().max()))
+
+    def grad_norm(self, norm):
+        self.grad_norms.extend([] if norm is None else [float(norm)])  # DeepSpeed may return None
+
+    def summary(self, acc, zero_adv: torch.Tensor, N: int) -> dict[str, float]:
+        """Means over all processes; zero_adv (n,) bool marks this process's zero-advantage rows."""
+        out = collectives.mean_over_processes(acc, self.sums)
+        out.update({f"first_{name}": v for name, v in collectives.mean_over_processes(acc, self.first).items()})
+        out["first_ratio_dev"] = collectives.max_over_processes(acc, self.first_dev)
+        out["zero_adv_frac"] = float(collectives.reduce_sum(acc, zero_adv.sum())) / N
+        out["grad_norm"] = sum(self.grad_norms) / max(len(self.grad_norms), 1)
+        return out
+
+
+def compiled_policy(policy, cfg: Config) -> models.CompiledTransformer:
+    """The policy compiled for sampling, completions and evaluation (--compile), in calls of a fixed number of
+    images: by default one rollout call's, sample_batch (x2 with CFG: SD3 stacks the negative prompt's half), so
+    the wavefront's calls of n(1 + live) trajectories split into whole chunks and need no padding; evaluation's
+    batches are padded to it. One graph then serves the run (docs/gpu.md, 'Compiling the transformer')."""
+    cfg_pair = 2 if cfg.guidance > 1 and not models.is_flux(policy) else 1
+    return models.CompiledTransformer(policy, cfg.compile_rows or cfg.sample_batch * cfg_pair, cfg.compile_backend)
 
 
 def lora_state_dict(transformer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
+    return {name: v.detach().cpu().contiguous() for name, v in get_peft_model_state_dict(transformer).items()}
 
 
 def save_weights(transformer, folder: str):

@@ -6,7 +6,8 @@ Implements paper Sec. 3 "Preliminaries" and Sec. 4.1 "step-wise incremental rewa
 
   1. the Euler ODE step and the two stochastic steps (`sde_step`: Flow-GRPO's reverse SDE; `cps_step`:
      coefficients-preserving sampling) with what the PPO ratio is formed from and the std used by the KL term,
-  2. per-trajectory seeds: every trajectory is replayable from (seed, iteration, prompt, member),
+  2. per-trajectory seeds: every trajectory is replayable from (seed, iteration, prompt, member); an iteration's
+     other random streams (prompts, shuffling, the window's start) are named once (STREAMS),
   3. the paper's version: `rollout`, B prompts x G members whose steps w0 .. w0+W-1 are stochastic (the "SDE
      window"), and `complete_naive`, the ODE completions R(s_k) needs: every window state s_k finished with the
      Euler ODE on the rest of the same grid, one state at a time,
@@ -42,10 +43,10 @@ SAMPLERS = ("sde", "cps")
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _per_sample(s, like: torch.Tensor) -> torch.Tensor:
+def _per_sample(sigma, like: torch.Tensor) -> torch.Tensor:
     """A scalar or (n,) sigma as (n, 1, 1, 1) float32 on the device of `like`, ready to broadcast."""
-    s = torch.as_tensor(s, dtype=torch.float32, device=like.device)
-    return s.reshape(-1, *([1] * (like.dim() - 1))).expand(like.shape[0], *([1] * (like.dim() - 1)))
+    sigma = torch.as_tensor(sigma, dtype=torch.float32, device=like.device)
+    return sigma.reshape(-1, *([1] * (like.dim() - 1))).expand(like.shape[0], *([1] * (like.dim() - 1)))
 
 
 def ode_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next) -> torch.Tensor:
@@ -57,14 +58,15 @@ def ode_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next) -> torch.Tenso
 @dataclass
 class StepOut:
     next: torch.Tensor  # (n, C, h, w) x' (the given one when evaluating a stored sample)
-    # (n,) what the PPO ratio is formed from, exp(log_prob - log_prob_old): log p(x' | x), mean over non-batch dims,
-    # for "sde"; the demo code's stand-in for it, -mean((x' - mean)^2), for "cps" (cps_step)
-    log_prob: torch.Tensor
+    # (n,) the step's log-weight, what the PPO ratio is formed from: rho = exp(log_weight - log_weight_old). For "sde"
+    # the log-probability log p(x' | x), mean over non-batch dims; for "cps" the demo code's unnormalised stand-in
+    # for it, -mean((x' - mean)^2), not a log-probability (cps_step)
+    log_weight: torch.Tensor
     mean: torch.Tensor  # (n, C, h, w) mean of p(. | x)
     std_kl: torch.Tensor  # (n,) what the KL term divides by (docs/method.md, 'The KL to the reference policy')
 
 
-def stochastic_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, kind: str = "cps",
+def stochastic_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_level: float, *, kind: str = "cps",
                     noise: torch.Tensor | None = None, next_sample: torch.Tensor | None = None) -> StepOut:
     """The SDE window's step from sigma to sigma' < sigma: `kind` "sde" (sde_step) or "cps" (cps_step). Samples x'
     with `noise` (eps ~ N(0, I), (n, C, h, w)), or scores a stored `next_sample` x' (training): exactly one of the
@@ -80,15 +82,15 @@ def stochastic_step(x: torch.Tensor, v: torch.Tensor, sigma, sigma_next, noise_l
                 next_sample=next_sample)
 
 
-def sde_step(x, v, s, s_next, noise_level, noise, next_sample) -> StepOut:
+def sde_step(x, v, sigma, sigma_next, noise_level, *, noise, next_sample) -> StepOut:
     """Flow-GRPO's step, Euler-Maruyama on the reverse SDE (docs/method.md, 'The sde step'). x, v (n, C, h, w)
-    float32; s, s_next: sigma and sigma' as (n, 1, 1, 1); `noise` or `next_sample` as in stochastic_step."""
+    float32; sigma, sigma_next: sigma and sigma' as (n, 1, 1, 1); `noise` or `next_sample` as in stochastic_step."""
     # dt = sigma' - sigma < 0
-    dt = s_next - s
+    dt = sigma_next - sigma
     # std = a sqrt(sigma / (1 - sigma)); at sigma = 1 the denominator uses 1 - sigma_1 (= 1 - sigma' there)
-    std = noise_level * torch.sqrt(s / torch.where(s == 1, 1 - s_next, 1 - s))  # (n, 1, 1, 1)
+    std = noise_level * torch.sqrt(sigma / torch.where(sigma == 1, 1 - sigma_next, 1 - sigma))  # (n, 1, 1, 1)
     # mean = x (1 + std^2 dt / (2 sigma)) + v (1 + std^2 (1 - sigma) / (2 sigma)) dt
-    mean = x * (1 + std**2 * dt / (2 * s)) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt  # (n, C, h, w)
+    mean = x * (1 + std**2 * dt / (2 * sigma)) + v * (1 + std**2 * (1 - sigma) / (2 * sigma)) * dt  # (n, C, h, w)
     # x' = mean + std sqrt(-dt) eps: the transition's actual standard deviation
     scale = std * torch.sqrt(-dt)  # (n, 1, 1, 1)
     x_next = mean + scale * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
@@ -99,39 +101,59 @@ def sde_step(x, v, s, s_next, noise_level, noise, next_sample) -> StepOut:
     log_prob = torch.where(scale > 0, log_density, torch.zeros_like(log_density)).mean(tuple(range(1, x.dim())))
     # the KL divides by std, not scale = std sqrt(-dt), as the demo code (docs/method.md, 'The KL to the reference
     # policy')
-    return StepOut(x_next, log_prob, mean, std.flatten())  # log_prob, std_kl (n,)
+    return StepOut(x_next, log_prob, mean, std.flatten())  # log_weight = log_prob, std_kl (n,)
 
 
-def cps_step(x, v, s, s_next, noise_level, noise, next_sample) -> StepOut:
+def cps_step(x, v, sigma, sigma_next, noise_level, *, noise, next_sample) -> StepOut:
     """Coefficients-preserving sampling (docs/method.md, 'The cps step'). Arguments as sde_step."""
     # predicted clean image and noise: x0_hat = x - sigma v, x1_hat = x + (1 - sigma) v
-    x0_hat = x - s * v  # (n, C, h, w)
-    x1_hat = x + (1 - s) * v  # (n, C, h, w)
-    # s_a = sigma' sin(a pi / 2): the injected noise; the predicted noise keeps the rest of sigma'^2
-    noise_std = s_next * math.sin(noise_level * math.pi / 2)  # (n, 1, 1, 1)
-    # mean = (1 - sigma') x0_hat + sqrt(sigma'^2 - s_a^2) x1_hat
-    mean = (1 - s_next) * x0_hat + torch.sqrt((s_next**2 - noise_std**2).clamp_min(0)) * x1_hat  # (n, C, h, w)
-    # x' = mean + s_a eps
-    x_next = mean + noise_std * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
-    # The demo code's stand-in for log p: -mean((x' - mean)^2) = 2 s_a^2 (log N(x'; mean, s_a^2) + const), mean over
-    # dims; its ratio exp(difference) is the true ratio to the power 2 s_a^2, and the demo's ratio clip (1e-5) was
-    # tuned to it, so we keep it (docs/method.md, 'The cps step')
+    x0_hat = x - sigma * v  # (n, C, h, w)
+    x1_hat = x + (1 - sigma) * v  # (n, C, h, w)
+    # scale = sigma' sin(a pi / 2): the injected noise's std, the transition's; the predicted noise keeps the rest of
+    # sigma'^2
+    scale = sigma_next * math.sin(noise_level * math.pi / 2)  # (n, 1, 1, 1)
+    # mean = (1 - sigma') x0_hat + sqrt(sigma'^2 - scale^2) x1_hat
+    mean = (1 - sigma_next) * x0_hat + torch.sqrt((sigma_next**2 - scale**2).clamp_min(0)) * x1_hat  # (n, C, h, w)
+    # x' = mean + scale eps
+    x_next = mean + scale * noise if next_sample is None else next_sample.float()  # (n, C, h, w)
+    # The demo code's stand-in for log p: -mean((x' - mean)^2) = 2 scale^2 (log N(x'; mean, scale^2) + const), mean
+    # over dims; its ratio exp(difference) is the true ratio to the power 2 scale^2, and the demo's ratio clip (1e-5)
+    # was tuned to it, so we keep it (docs/method.md, 'The cps step')
     neg_sq_dist = -((x_next - mean) ** 2).mean(tuple(range(1, x.dim())))  # (n,)
-    # the KL divides by the exact per-step noise std s_a (0 on the last step, sigma' = 0)
-    return StepOut(x_next, neg_sq_dist, mean, noise_std.flatten())  # log_prob, std_kl (n,)
+    # the KL divides by the exact per-step noise std, scale (0 on the last step, sigma' = 0)
+    return StepOut(x_next, neg_sq_dist, mean, scale.flatten())  # log_weight, std_kl (n,)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. Seeds: every trajectory is replayable from (seed, iteration, prompt, member), whatever the batch layout
+# 2. Seeds: every trajectory is replayable from (seed, iteration, prompt, member), whatever the batch layout;
+#    the iteration's other random streams by name
 # ----------------------------------------------------------------------------------------------------------------
 
 
 def member_seed(seed: int, iteration: int, prompt: int, member: int) -> int:
     """A 63-bit seed mixed from the four integers (numpy's SeedSequence: well-spread, no collisions in practice).
-
-    Negative values name other random streams of the same iteration (train.py: -1 prompts, -2 shuffling)."""
+    A prompt slot below 0 is one of the iteration's other random streams (STREAMS, stream_seed)."""
     words = [v % 2**32 for v in (seed, iteration, prompt, member)]  # SeedSequence takes non-negative words
     return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
+
+
+# An iteration's random streams besides its trajectories' noise, in member_seed's prompt slot (never a prompt index):
+# which prompts are drawn, how the rows are shuffled into updates, where a random window starts
+STREAMS = {"prompts": -1, "shuffle": -2, "window": -3}
+
+
+def stream_seed(seed: int, iteration: int, stream: str, rank: int = 0) -> int:
+    """The seed of one of an iteration's STREAMS (`rank`: a process's own stream, for what each process draws)."""
+    return member_seed(seed, iteration, STREAMS[stream], rank)
+
+
+def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.Tensor:
+    """B prompt indices for this iteration from its "prompts" stream, the same on every process (without replacement
+    when possible)."""
+    g = torch.Generator().manual_seed(stream_seed(seed, iteration, "prompts"))
+    if B <= num_prompts:
+        return torch.randperm(num_prompts, generator=g)[:B]  # (B,)
+    return torch.randint(num_prompts, (B,), generator=g)  # (B,)
 
 
 def make_generators(seeds: list[int]) -> list[torch.Generator]:
@@ -161,7 +183,7 @@ class Rollout:
     window: int  # W
     x_T: torch.Tensor  # (n, C, h, w) the initial noise
     states: torch.Tensor  # (n, W+1, C, h, w) s_0 .. s_W
-    log_probs: torch.Tensor  # (n, W) log p(s_k | s_{k-1}) at sampling time (logp_old)
+    log_weights: torch.Tensor  # (n, W) step k's log-weight (StepOut) at sampling time, column k - 1: log_weight_old
     final: torch.Tensor  # (n, C, h, w) x_0, the trajectory's image latent
     completions: torch.Tensor | None = None  # (n, W+1, C, h, w) ODE-complete(s_k); [:, W] is `final`
     counter: EvalCounter = field(default_factory=EvalCounter)
@@ -173,23 +195,16 @@ def check_window(steps: int, w0: int, window: int) -> None:
                          f"choose 0 <= w0 and 1 <= W <= T - w0")
 
 
-def grid_step(x: torch.Tensor, v: torch.Tensor, i: int, *, sigmas: torch.Tensor, w0: int, window: int,
-              noise_level: float, kind: str, generators: list[torch.Generator], states: list,
-              log_probs: list) -> torch.Tensor:
-    """Algorithm 1's step at grid index i, from the velocity v (n, C, h, w): inside the window (window step
-    k = i - w0 + 1) s_k ~ p(. | s_{k-1}) with log p(s_k | s_{k-1}) for the PPO ratio (Sec. 3), appended to
-    `log_probs` and s_{k-1} (and after the last window step s_W) to `states`; outside it the Euler ODE step."""
+def grid_step(x: torch.Tensor, v: torch.Tensor, i: int, generators: list[torch.Generator], *, sigmas: torch.Tensor,
+              w0: int, window: int, noise_level: float, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Algorithm 1's step at grid index i from the velocity v (n, C, h, w). Inside the window, window step
+    k = i - w0 + 1 draws s_k ~ p(. | s_{k-1}) (Sec. 3) with each trajectory's own generator: returns s_k and the
+    step's log-weight (n,) for the PPO ratio. Outside it the Euler ODE step: returns x_{i+1} and None."""
     if w0 <= i < w0 + window:
-        states.append(x)
-        out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind,
+        out = stochastic_step(x, v, sigmas[i], sigmas[i + 1], noise_level, kind=kind,
                               noise=draw_noise(generators, x.shape[1:], x.device))
-        x = out.next  # (n, C, h, w)
-        log_probs.append(out.log_prob)
-    else:
-        x = ode_step(x, v, sigmas[i], sigmas[i + 1])  # (n, C, h, w)
-    if i == w0 + window - 1:
-        states.append(x)  # s_W
-    return x
+        return out.next, out.log_weight  # (n, C, h, w), (n,)
+    return ode_step(x, v, sigmas[i], sigmas[i + 1]), None  # (n, C, h, w)
 
 
 @torch.no_grad()
@@ -204,13 +219,17 @@ def rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.G
     check_window(steps, w0, window)
     counter = EvalCounter()
     x = x_T.float()  # (n, C, h, w)
-    states, log_probs = [], []
+    states, log_weights = [], []  # s_0 .. s_W; the W steps' log-weights
     for i in range(steps):  # Algorithm 1: from sigma_0 = 1 down to sigma_T = 0
-        v = velocity(transformer, x, timesteps[i].expand(n), cond, guidance_scale, counter)  # (n, C, h, w)
-        x = grid_step(x, v, i, sigmas=sigmas, w0=w0, window=window, noise_level=noise_level, kind=kind,
-                      generators=generators, states=states, log_probs=log_probs)  # (n, C, h, w)
+        v = velocity(transformer, x, timesteps[i].expand(n), cond, guidance_scale, counter=counter)  # (n, C, h, w)
+        states += [x] if i == w0 else []  # s_0, where the window starts
+        x, log_weight = grid_step(x, v, i, generators, sigmas=sigmas, w0=w0, window=window, noise_level=noise_level,
+                                  kind=kind)  # (n, C, h, w)
+        if log_weight is not None:  # window step k = i - w0 + 1 took s_{k-1} to s_k
+            states.append(x)
+            log_weights.append(log_weight)
     return Rollout(sigmas, timesteps, w0, window, x_T.float(), states=torch.stack(states, 1),
-                   log_probs=torch.stack(log_probs, 1), final=x, counter=counter)  # (n, W+1, C, h, w), (n, W)
+                   log_weights=torch.stack(log_weights, 1), final=x, counter=counter)  # (n, W+1, C, h, w), (n, W)
 
 
 @torch.no_grad()
@@ -222,7 +241,7 @@ def ode_complete(transformer, x: torch.Tensor, start: int, cond: Cond, *, sigmas
     x = x.float()
     grid = completion_grid(start, len(timesteps), completion_steps)
     for i, i_next in zip(grid[:-1], grid[1:]):
-        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter)  # (n, C, h, w)
+        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter=counter)  # (n, C, h, w)
         x = ode_step(x, v, sigmas[i], sigmas[i_next])  # (n, C, h, w)
     return x
 
@@ -240,10 +259,11 @@ def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float, 
     return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, h, w)
 
 
-def completion_steps(spec: str) -> int | None:
-    """The --completion judge of a window state as a completion_steps: "ode" -> None (the whole remaining grid, the
-    paper's), "ode:K" -> K (K >= 1), "x0" -> 1 (x0_hat = s_k - sigma_k v(s_k): the one-step completion with the
-    rollout's own velocity, the same thing as "ode:1"). Anything else raises a one-line ValueError."""
+def parse_completion(spec: str) -> int | None:
+    """The --completion judge of a window state as the completion_steps it means: "ode" -> None (the whole
+    remaining grid, the paper's), "ode:K" -> K (K >= 1), "x0" -> 1 (x0_hat = s_k - sigma_k v(s_k): the one-step
+    completion with the rollout's own velocity, the same thing as "ode:1"). Anything else raises a one-line
+    ValueError."""
     if spec in ("ode", "x0"):
         return None if spec == "ode" else 1
     name, _, k = spec.partition(":")
@@ -301,7 +321,7 @@ def wavefront_rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: li
     check_window(steps, w0, window)
     counter = EvalCounter()
     x = x_T.float()  # (n, C, h, w)
-    states, log_probs, branches = [], [], []
+    states, log_weights, branches = [], [], []  # as in `rollout`; the completion branches in flight
     # Which states share each call, for T = 4, W = 2 (b_k: the n completion branches of s_k; K = 2: b_0 takes the
     # grid indices 0 -> 2 -> 4, b_1 takes 1 -> 2 -> 4):
     #   grid index i        0      1          2              3
@@ -319,12 +339,16 @@ def wavefront_rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: li
         if complete and w0 <= i < w0 + window:  # a new branch from s_k; its first step reuses v(s_k, sigma_{w0+k})
             branches.append(Branch(x, completion_grid(i, steps, completion_steps)))
             branches[-1].advance(v, sigmas)
-        x = grid_step(x, v, i, sigmas=sigmas, w0=w0, window=window, noise_level=noise_level, kind=kind,
-                      generators=generators, states=states, log_probs=log_probs)  # (n, C, h, w)
+        states += [x] if i == w0 else []  # s_0
+        x, log_weight = grid_step(x, v, i, generators, sigmas=sigmas, w0=w0, window=window, noise_level=noise_level,
+                                  kind=kind)  # (n, C, h, w)
+        if log_weight is not None:  # s_k after window step k
+            states.append(x)
+            log_weights.append(log_weight)
     # ODE-complete(s_0) .. ODE-complete(s_{W-1}), then s_W's completion: the rollout itself
     completions = torch.stack([b.state for b in branches] + [x], 1) if complete else None  # (n, W+1, C, h, w)
     return Rollout(sigmas, timesteps, w0, window, x_T.float(), states=torch.stack(states, 1),
-                   log_probs=torch.stack(log_probs, 1), final=x, completions=completions, counter=counter)
+                   log_weights=torch.stack(log_weights, 1), final=x, completions=completions, counter=counter)
 
 
 def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, guidance_scale: float, *,
@@ -338,7 +362,7 @@ def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond
     for start in range(0, x.shape[0], size):
         part = slice(start, start + size)
         t = timestep.expand(x[part].shape[0])  # (m,)
-        out.append(velocity(transformer, x[part], t, cond.rows(rows[part]), guidance_scale, counter))
+        out.append(velocity(transformer, x[part], t, cond.rows(rows[part]), guidance_scale, counter=counter))
     return torch.cat(out)  # (n*copies, C, h, w)
 
 

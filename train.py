@@ -2,7 +2,7 @@
 fine-tuning: Algorithm 1 of arXiv 2602.06422 (docs/method.md, 'Rollout with an SDE window' to 'The clipped loss').
 
 Read it top-down: `main` is the algorithm, then come `setup` and the steps of one iteration in the order they run,
-each a function with its paper reference, then logging, evaluation and checkpoints, then small helpers:
+each a function with its paper reference, then logging:
 
   setup            processes, the B x G layout, the pipeline + LoRA (policy.py), optimizer, EMA, rewards, prompts
   per iteration:
@@ -13,10 +13,11 @@ each a function with its paper reference, then logging, evaluation and checkpoin
   2. score         decode and score every completion: R_k = R(ODE-complete(s_k)), R (n, W+1), column W = R_sde
                    (Flow-GRPO: R_sde only);
   3. assign_credit gather R over processes; per-step rewards with turning points (turning_points.step_rewards,
-                   Sec. 4-5) and per-timestep advantages (grpo.py, Sec. 4.3);
-  4. update_policy clipped surrogate + KL to the adapter-disabled model on the window steps, gradients accumulated
-                   over the W steps and micro-batches, `updates_per_iter` optimizer steps, EMA after each;
-  5. iteration_log, evaluate_policy, save_checkpoint.
+                   Sec. 4) and per-timestep advantages (grpo.py, Sec. 4.3);
+  4. update_policy Flow-GRPO's clipped surrogate + KL to the adapter-disabled model on the window steps, gradients
+                   accumulated over the W steps and micro-batches of an update, then one optimizer step and the EMA,
+                   `updates_per_iter` times;
+  5. iteration_log, the held-out evaluation (evaluate.HeldOut), save_checkpoint (checkpoint.py).
 
 Run:
   python train.py --task tiny                                # CPU, the toy world (toyworld.py), a few minutes
@@ -53,11 +54,10 @@ import grpo
 import models
 import rewards
 import sampler as S
-import toyworld
 import turning_points as tp
 from checkpoint import Progress, find_checkpoint, load_checkpoint, register_trainable_only_hooks, save_checkpoint
 from config import Config
-from policy import EMA, WindowStepLoss, add_lora, reference_policy
+from policy import EMA, UpdateStats, WindowStepLoss, add_lora, compiled_policy, reference_policy
 
 
 # ================================================================================================================
@@ -76,23 +76,19 @@ class Run:
     policy: torch.nn.Module  # the transformer with LoRA, unwrapped: the reference pass, evaluation, saving
     sampling_policy: object  # what rollouts and evaluation call: `policy`, or with --compile its compiled form
     ddp_policy: torch.nn.Module  # `policy` as accelerate prepared it (DDP / DeepSpeed): training forward/backward
-    step_loss: WindowStepLoss  # Sec. 5's per-step loss with the run's sampler, clip, KL weight and reference
+    step_loss: WindowStepLoss  # the clipped loss of one window step, with the run's sampler, clip, KL weight, reference
     optimizer: torch.optim.Optimizer
     params: list[torch.nn.Parameter]  # the trainable weights (LoRA)
     ema: EMA | None
     reward_fn: object  # rewards.load_rewards: (images, prompts, metadata) -> (total (M,), {name: (M,)})
     train_set: tuple[list[str], list[dict]]  # (prompts, metadata)
-    eval_set: tuple[list[str], list[dict]]
+    heldout: evaluate.HeldOut  # heldout(tag, iteration): the held-out evaluation, its summary to log
     sigmas: torch.Tensor  # (T+1,) the sigma grid
     timesteps: torch.Tensor  # (T,) the transformer's timestep inputs
     shape: tuple[int, ...]  # one latent: (C, h, w), or FLUX's packed (h/2 * w/2, 4C)
+    N: int  # B*G trajectories per iteration, all processes
     mine: torch.Tensor  # (n,) this process's trajectory ids j; prompt slot j // G, member j % G
     progress: Progress = field(default_factory=Progress)
-    values: dict = field(default_factory=dict)  # per-image evaluation values by tag, for the paired change
-
-    @property
-    def N(self) -> int:  # trajectories per iteration, all processes
-        return self.cfg.prompts_per_iter * self.cfg.group_size
 
 
 @dataclass
@@ -113,15 +109,14 @@ class Samples:
 
 def main(cfg: Config) -> dict:
     """Algorithm 1: set up, evaluate the base model, then per iteration sample, score, assign credit, update the
-    policy, log, evaluate and save. Returns {"summaries": {tag: evaluation}, "policy": the trained transformer,
-    "checksums": every process's weight fingerprint}."""
+    policy, log, evaluate and save. Returns {"summaries": {tag: evaluation}, "policy": the trained transformer}."""
     started = time.perf_counter()
     run = setup(cfg)
     acc, main_proc = run.accelerator, run.accelerator.is_main_process
     history_path = os.path.join(cfg.output_dir, "metrics.jsonl")
     summaries = {}  # evaluation summaries by tag ("before", "after")
     if run.progress.iteration == 0:
-        summaries["before"] = evaluate_policy(run, "before")
+        summaries["before"] = run.heldout("before", 0)
         acc.print("eval before: " + evaluate.format_summary(summaries["before"]))
         if main_proc and os.path.exists(history_path):
             os.remove(history_path)
@@ -144,21 +139,22 @@ def main(cfg: Config) -> dict:
 
         # 5. log, evaluate, save
         log = iteration_log(run, R_all, kept, detected, finals=finals, train_stats=train_stats, nfe=nfe, timer=timer)
-        if cfg.eval_every and run.progress.iteration % cfg.eval_every == 0 and run.progress.iteration < cfg.iterations:
-            log.update(evaluate_policy(run, f"iter{run.progress.iteration:06d}"))
-        if run.progress.iteration == cfg.iterations:
-            summaries["after"] = evaluate_policy(run, "after")
+        done = run.progress.iteration
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.iterations:
+            log.update(run.heldout(f"iter{done:06d}", done))
+        if done == cfg.iterations:
+            summaries["after"] = run.heldout("after", done)
             log.update(summaries["after"])
         log["time/elapsed_s"] = time.perf_counter() - started  # wall time of this call so far, evaluations included
         acc.log(log, step=run.progress.iteration)
         if main_proc:
             bar.set_postfix(reward=f"{log['reward/mean']:.3f}", loss=f"{log['train/loss']:.3g}")
             with open(history_path, "a") as f:
-                f.write(json.dumps({"iteration": run.progress.iteration, **log}) + "\n")
-        done = run.progress.iteration
+                f.write(json.dumps({"iteration": done, **log}) + "\n")
         if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.iterations:
             save_checkpoint(acc, run.policy, run.ema, run.progress, cfg)
-    return {"summaries": summaries, "policy": run.policy, "checksums": finish(run, summaries, history_path)}
+    finish(run, summaries, history_path)
+    return {"summaries": summaries, "policy": run.policy}
 
 
 # ================================================================================================================
@@ -182,17 +178,11 @@ def setup(cfg: Config) -> Run:
                               gradient_accumulation_steps=rows_per_update // cfg.train_batch * cfg.window,
                               log_with=None if cfg.report_to == "none" else cfg.report_to,
                               project_dir=cfg.output_dir)
-    if accelerator.state.deepspeed_plugin is not None:
+    if accelerator.state.deepspeed_plugin is not None:  # three settings of its own (docs/gpu.md, 'DeepSpeed ZeRO-2')
         ds = accelerator.state.deepspeed_plugin.deepspeed_config
         ds["train_micro_batch_size_per_gpu"] = cfg.train_batch  # no dataloader: DeepSpeed cannot infer it
-        # DeepSpeed clips inside accelerator.backward (its engine.step) at its config's value; clip_grad_norm_ below
-        # only reads the norm back
-        ds["gradient_clipping"] = cfg.max_grad_norm
-        # DeepSpeed accumulates gradients in the weights' dtype unless told otherwise: bf16 under
-        # configs/deepspeed_zero2.yaml, over micro-batches x W backward passes per optimizer step (72 for the SD3.5-M
-        # preset on 8 GPUs), where DDP accumulates in the float32 .grad of float32 LoRA weights. ZeRO keeps a float32
-        # accumulation buffer when asked (stage 2: a float32 gradient partition); without ZeRO DeepSpeed refuses it.
-        if accelerator.state.deepspeed_plugin.zero_stage >= 1:
+        ds["gradient_clipping"] = cfg.max_grad_norm  # it clips in its own step; clip_grad_norm_ reads the norm back
+        if accelerator.state.deepspeed_plugin.zero_stage >= 1:  # accumulate in float32, not in the weights' bf16
             ds["data_types"] = {"grad_accum_dtype": "fp32"}
     set_seed(cfg.seed)  # only LoRA's initial weights use the global RNG; every trajectory has its own generator
     resume_from = find_checkpoint(cfg) if cfg.resume else ""
@@ -227,27 +217,20 @@ def setup(cfg: Config) -> Run:
     shape = models.latent_shape(pipe, cfg.resolution)
     # (T+1,), (T,); FLUX's shift depends on the image size, so the grid needs the latent shape
     sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)
-    run = Run(cfg=cfg, accelerator=accelerator, pipe=pipe, policy=policy,
-              sampling_policy=compiled_policy(policy, cfg) if cfg.compile else policy, ddp_policy=ddp_policy,
-              step_loss=step_loss, optimizer=optimizer, params=params, ema=ema, reward_fn=reward_fn,
-              train_set=train_set, eval_set=eval_set, sigmas=sigmas, timesteps=timesteps, shape=shape,
-              mine=torch.arange(accelerator.process_index, N, P))  # (n,)
+    sampling_policy = compiled_policy(policy, cfg) if cfg.compile else policy  # --compile: for sampling only
+    heldout = evaluate.HeldOut(cfg=cfg, accelerator=accelerator, pipe=pipe, reward_fn=reward_fn, prompts=eval_set[0],
+                               metadata=eval_set[1], transformer=sampling_policy, ema=ema)
+    run = Run(cfg=cfg, accelerator=accelerator, pipe=pipe, policy=policy, sampling_policy=sampling_policy,
+              ddp_policy=ddp_policy, step_loss=step_loss, optimizer=optimizer, params=params, ema=ema,
+              reward_fn=reward_fn, train_set=train_set, heldout=heldout, sigmas=sigmas, timesteps=timesteps,
+              shape=shape, N=N, mine=torch.arange(accelerator.process_index, N, P))  # (n,)
     if resume_from:
         load_checkpoint(accelerator, ema, run.progress, resume_from)
     if accelerator.is_main_process:
         os.makedirs(cfg.output_dir, exist_ok=True)
     if cfg.report_to != "none":
-        accelerator.init_trackers("tp-grpo", config={k: v for k, v in dataclasses.asdict(cfg).items()})
+        accelerator.init_trackers("tp-grpo", config=dataclasses.asdict(cfg))
     return run
-
-
-def compiled_policy(policy, cfg: Config) -> models.CompiledTransformer:
-    """The policy compiled for sampling, completions and evaluation (--compile), in calls of a fixed number of
-    images: by default one rollout call's, sample_batch (x2 with CFG: SD3 stacks the negative prompt's half), so
-    the wavefront's calls of n(1 + live) trajectories split into whole chunks and need no padding; evaluation's
-    batches are padded to it. One graph then serves the run (docs/gpu.md, 'Compiling the transformer')."""
-    cfg_pair = 2 if cfg.guidance > 1 and not models.is_flux(policy) else 1
-    return models.CompiledTransformer(policy, cfg.compile_rows or cfg.sample_batch * cfg_pair, cfg.compile_backend)
 
 
 # ================================================================================================================
@@ -262,11 +245,11 @@ def sample(run: Run, it: int) -> Samples:
     iteration, prompt, member), so any trajectory can be replayed alone."""
     cfg, G, W = run.cfg, run.cfg.group_size, run.cfg.window
     train_prompts, train_meta = run.train_set
-    slots = draw_prompts(len(train_prompts), cfg.prompts_per_iter, cfg.seed, it)  # (B,) prompt indices
+    slots = S.draw_prompts(len(train_prompts), cfg.prompts_per_iter, cfg.seed, it)  # (B,) prompt indices
     w0 = cfg.window_start
     if w0 < 0:  # one random window per iteration, the same for every member of every group (docs/method.md,
         # 'Rollout with an SDE window')
-        g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -3, 0))
+        g = torch.Generator().manual_seed(S.stream_seed(cfg.seed, it, "window"))
         w0 = int(torch.randint(cfg.steps - W + 1, (1,), generator=g))
     prompts = [train_prompts[slots[j // G]] for j in run.mine.tolist()]
     metadata = [train_meta[slots[j // G]] for j in run.mine.tolist()]
@@ -281,7 +264,7 @@ def sample(run: Run, it: int) -> Samples:
             ro = S.wavefront_rollout(run.sampling_policy, cond, x_T, gens, sigmas=run.sigmas, timesteps=run.timesteps,
                                      w0=w0, window=W, noise_level=cfg.noise_level, kind=cfg.sampler,
                                      guidance_scale=cfg.guidance, complete=cfg.completes,
-                                     completion_steps=S.completion_steps(cfg.completion),
+                                     completion_steps=S.parse_completion(cfg.completion),
                                      chunk_size=cfg.chunk_size or None)
         nfe += ro.counter.nfe
         batches.append((ro, cond))
@@ -301,14 +284,27 @@ def score(run: Run, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
         total, parts = decode_and_score(run, latents, [p for p in samples.prompts[b0:b0 + m] for _ in range(reps)],
                                         [d for d in samples.metadata[b0:b0 + m] for _ in range(reps)])
         R.append(total.reshape(m, reps))  # (b, W+1) or (b, 1)
-        for k, v in parts.items():
-            finals.setdefault(k, []).append(v.reshape(m, reps)[:, -1])  # (b,) the final image's
-    finals = {k: collectives.gather(run.accelerator, torch.cat(v)).mean().item() for k, v in finals.items()}
+        for name, v in parts.items():
+            finals.setdefault(name, []).append(v.reshape(m, reps)[:, -1])  # (b,) the final image's
+    finals = {name: collectives.gather(run.accelerator, torch.cat(v)).mean().item() for name, v in finals.items()}
     return torch.cat(R).to(run.accelerator.device), finals  # (n, W+1) or (n, 1)
 
 
+def decode_and_score(run: Run, latents: torch.Tensor, prompts: list[str], metadata: list[dict]):
+    """Decode and score latents (M, C, h, w) in chunks of reward_batch: total (M,) and components {name: (M,)}."""
+    totals, parts = [], {}
+    for start in range(0, latents.shape[0], run.cfg.reward_batch):
+        sl = slice(start, start + run.cfg.reward_batch)
+        images = models.decode(run.pipe, latents[sl])  # (m, 3, H', W') in [0, 1]
+        total, comps = run.reward_fn(images, prompts[sl], metadata[sl])
+        totals.append(total.float().cpu())
+        for name, v in comps.items():
+            parts.setdefault(name, []).append(v.float().cpu())
+    return torch.cat(totals), {name: torch.cat(v) for name, v in parts.items()}  # (M,), {name: (M,)}
+
+
 def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Config):
-    """Step 3: gather every process's completion rewards, then per-step rewards (Sec. 4-5: turning points,
+    """Step 3: gather every process's completion rewards, then per-step rewards (Sec. 4, Def. 5.1: turning points,
     aggregated rewards, balancing; docs/method.md, 'Per-step rewards of the three methods') and per-timestep
     advantages (Sec. 4.3; 'Per-timestep advantages') for whole groups.
 
@@ -326,9 +322,8 @@ def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Co
     # (B, G, W) views rely on.
     R_all[collectives.gather(accelerator, mine)] = collectives.gather(accelerator, R_mine)
     R_all = R_all.cpu()
-    group = torch.arange(N) // G  # (N,) prompt group of every trajectory
     if cfg.completes:  # TP-GRPO and the incremental ablation: a reward per step, normalized per step
-        step_r, kept, detected = tp.step_rewards(R_all, group, cfg.algo, cfg.tp_rule)  # (N, W) x 3
+        step_r, kept, detected = tp.step_rewards(R_all, G, cfg.algo, cfg.tp_rule)  # (N, W) x 3
         adv = grpo.per_timestep_advantages(step_r, G, clip=cfg.adv_clip)  # (N, W)
     else:  # Flow-GRPO: the outcome R_sde, normalized once, on every step
         kept = detected = torch.zeros(N, W, dtype=torch.bool)  # (N, W)
@@ -337,18 +332,18 @@ def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Co
 
 
 def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dict[str, float]:
-    """Step 4: the clipped surrogate + beta KL on every window step (Sec. 5; docs/method.md, 'The clipped loss'),
-    gradients accumulated over the W steps and the micro-batches of an update, `updates_per_iter` optimizer steps,
-    the EMA after each. adv (n, W) this process's advantages. Returns the iteration's training statistics
-    (UpdateStats), means over all processes.
+    """Step 4: Flow-GRPO's clipped surrogate + beta KL on every window step (docs/method.md, 'The clipped loss'). The
+    iteration's rows are shuffled and split into `updates_per_iter` updates; an update accumulates the gradients of
+    its micro-batches x W window steps, then takes one optimizer step and moves the EMA. adv (n, W) this process's
+    advantages. Returns the iteration's training statistics (UpdateStats), means over all processes.
     """
     cfg, acc, W, w0 = run.cfg, run.accelerator, run.cfg.window, samples.w0
     n, rank = adv.shape[0], acc.process_index
     run.policy.train()
-    states = torch.cat([ro.states for ro, _ in samples.batches])  # (n, W+1, C, h, w)
-    logp_old = torch.cat([ro.log_probs for ro, _ in samples.batches])  # (n, W)
+    states = torch.cat([ro.states for ro, _ in samples.batches])  # (n, W+1, C, h, w) s_0 .. s_W
+    log_weight_old = torch.cat([ro.log_weights for ro, _ in samples.batches])  # (n, W)
     cond = models.Cond.cat([c for _, c in samples.batches])  # n rows
-    g = torch.Generator().manual_seed(S.member_seed(cfg.seed, it, -2, rank))
+    g = torch.Generator().manual_seed(S.stream_seed(cfg.seed, it, "shuffle", rank))
     order = torch.randperm(n, generator=g)  # (n,) which rows go into which update
     # Flow-GRPO's filter: a trajectory whose advantage is 0 at every window step has no policy gradient, so it is
     # left out of the loss's means (docs/method.md, 'The clipped loss').
@@ -357,32 +352,55 @@ def update_policy(run: Run, samples: Samples, adv: torch.Tensor, it: int) -> dic
     # (--drop-zero-adv; docs/deviations.md, 'Zero-advantage samples').
     mask = ~zero_adv if cfg.drop_zero_adv else None  # (n,) rows that count, or None: all
     if mask is not None:
-        order = grpo.spread_kept(order, mask, cfg.train_batch)
+        order = spread_kept(order, mask, cfg.train_batch)
     log = UpdateStats()
-    for mb, rows in enumerate(order.split(cfg.train_batch)):  # an update = micro-batches of one update x W
-        counted = rows.numel() if mask is None else int(mask[rows].sum())
-        row_mask = None if mask is None else mask[rows].to(acc.device)  # (b,)
-        for k in range(W):
-            i = w0 + k  # grid index of window step k+1: s_k -> s_{k+1}
-            t = run.timesteps[i].expand(rows.numel())  # (b,)
-            with acc.accumulate(run.ddp_policy):
-                loss, stats, log_prob = run.step_loss(
-                    run.ddp_policy, states[rows, k], states[rows, k + 1], t=t, cond=cond.rows(rows.to(acc.device)),
-                    sigma=run.sigmas[i], sigma_next=run.sigmas[i + 1], logp_old=logp_old[rows, k], adv=adv[rows, k],
-                    mask=row_mask)
-                acc.backward(loss)
-                if acc.sync_gradients:
-                    log.grad_norm(acc.clip_grad_norm_(run.params, cfg.max_grad_norm))
-                run.optimizer.step()
-                run.optimizer.zero_grad(set_to_none=True)
-                if acc.sync_gradients and run.ema is not None:
-                    run.ema.step()
-            log.add(stats, loss, counted=counted, first=mb == 0, log_prob=log_prob, logp_old=logp_old[rows, k])
+    for u, update in enumerate(order.split(n // cfg.updates_per_iter)):  # the rows of one optimizer step
+        for mb, rows in enumerate(update.split(cfg.train_batch)):  # its micro-batches, (b,) row ids each
+            counted = rows.numel() if mask is None else int(mask[rows].sum())
+            row_mask = None if mask is None else mask[rows].to(acc.device)  # (b,)
+            for k in range(1, W + 1):
+                i = w0 + k - 1  # window step k takes s_{k-1} to s_k at grid index i
+                t = run.timesteps[i].expand(rows.numel())  # (b,)
+                # accelerate counts the backward passes: DDP syncs (and DeepSpeed steps) on the update's last
+                with acc.accumulate(run.ddp_policy):
+                    loss, stats, log_weight = run.step_loss(
+                        run.ddp_policy, states[rows, k - 1], states[rows, k], t=t, cond=cond.rows(rows.to(acc.device)),
+                        sigma=run.sigmas[i], sigma_next=run.sigmas[i + 1], log_weight_old=log_weight_old[rows, k - 1],
+                        adv=adv[rows, k - 1], mask=row_mask)
+                    acc.backward(loss)
+                log.add(stats, loss, counted=counted, first=u == mb == 0, log_weight=log_weight,
+                        log_weight_old=log_weight_old[rows, k - 1])
+        # The update's one optimizer step: its micro-batches x W backward passes are setup's
+        # gradient_accumulation_steps, so the last one synced the gradients (acc.sync_gradients) and the step applies
+        log.grad_norm(acc.clip_grad_norm_(run.params, cfg.max_grad_norm))
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        if run.ema is not None:
+            run.ema.step()
     return log.summary(acc, zero_adv, run.N)
 
 
+def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Tensor:
+    """`order` (n,) rearranged so that the kept rows are spread evenly over its micro-batches of `batch` rows.
+
+    Flow-GRPO re-batches the kept samples into its fixed number of equal, smaller micro-batches; we keep the layout
+    and mask the other rows (update_policy), and without this rearrangement it would be left to chance how many
+    counted rows a micro-batch has, i.e. how much each of them weighs. Micro-batch m takes the next floor or
+    ceil(K / M) kept rows (K kept, M micro-batches) in `order`'s order, then dropped rows fill it up; with every
+    row kept, `order` is unchanged.
+    """
+    M = order.numel() // batch
+    kept, dropped = order[keep[order]], order[~keep[order]]  # (K,), (n - K,) both in `order`'s order
+    parts, next_kept, next_dropped = [], 0, 0
+    for m in range(M):
+        size = kept.numel() // M + (m < kept.numel() % M)
+        parts += [kept[next_kept:next_kept + size], dropped[next_dropped:next_dropped + batch - size]]
+        next_kept, next_dropped = next_kept + size, next_dropped + batch - size
+    return torch.cat(parts)  # (n,)
+
+
 # ================================================================================================================
-# Logging, evaluation, checkpoints
+# Logging (the evaluation is evaluate.HeldOut's, the checkpoints checkpoint.py's)
 # ================================================================================================================
 
 
@@ -397,17 +415,17 @@ def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: t
            "reward/zero_std_groups": grpo.zero_std_fraction(r_sde, cfg.group_size).item(),
            "train/grad_norm": stats.pop("grad_norm"), "train/lr": cfg.lr,
            "cost/transformer_evals": nfe, "cost/evals_per_trajectory": nfe / run.N,
-           **{f"train/{k}": v for k, v in stats.items()},
-           **{f"reward/{k}": v for k, v in finals.items()},
-           **{f"time/{k}_s": v for k, v in timer.items()}}
+           **{f"train/{name}": v for name, v in stats.items()},
+           **{f"reward/{name}": v for name, v in finals.items()},
+           **{f"time/{name}_s": v for name, v in timer.items()}}
     if R_all.shape[1] == W + 1:  # with completions: the step-wise rewards and turning points
         d = tp.incremental_rewards(R_all)  # (N, W)
         log["reward/R0_mean"] = R_all[:, 0].mean().item()
-        for k in range(W):
-            log[f"steps/d_mean_{k + 1}"] = d[:, k].mean().item()
-            log[f"steps/d_abs_{k + 1}"] = d[:, k].abs().mean().item()
-            log[f"steps/tp_rate_{k + 1}"] = detected[:, k].float().mean().item()
-            log[f"steps/tp_kept_{k + 1}"] = kept[:, k].float().mean().item()
+        for k in range(1, W + 1):  # window step k, column k - 1
+            log[f"steps/d_mean_{k}"] = d[:, k - 1].mean().item()
+            log[f"steps/d_abs_{k}"] = d[:, k - 1].abs().mean().item()
+            log[f"steps/tp_rate_{k}"] = detected[:, k - 1].float().mean().item()
+            log[f"steps/tp_kept_{k}"] = kept[:, k - 1].float().mean().item()
         log["steps/tp_rate"] = detected.float().mean().item()
         log["steps/tp_kept"] = kept.float().mean().item()
         for rule in tp.RULES:  # both rules' rates, whichever one trains: how often turning points happen
@@ -415,84 +433,9 @@ def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: t
     return log
 
 
-def evaluate_policy(run: Run, tag: str) -> dict[str, float]:
-    """Evaluate the (EMA) policy on the held-out set with the plain ODE (evaluate.sample_and_score), or before
-    training from the toy checkpoint's shipped values (`shipped_evaluation`). Writes eval_<tag>.json and
-    samples_<tag>.png; returns {"eval/<metric>": value}, with the paired change against "before" (the same images)
-    once that exists."""
-    cfg, acc = run.cfg, run.accelerator
-    prompts = run.eval_set[0]
-    run.policy.eval()
-    if run.ema is not None:
-        run.ema.swap()  # the EMA weights are the ones evaluated (docs/method.md, 'SD3.5-Medium hyperparameters')
-    # before training, the toy checkpoint's shipped values stand in when its first images agree
-    result = (shipped_evaluation(run) if tag == "before" else None) or heldout_images(run, cfg.eval_samples)
-    if run.ema is not None:
-        run.ema.swap()
-    summary = {f"eval/{k}": v for k, v in result["summary"].items()}
-    run.values[tag] = result["values"]
-    if "before" in run.values and tag != "before":  # the same images as before training: a paired comparison
-        change, change_se = evaluate.paired_change(run.values["before"]["reward"], result["values"]["reward"])
-        summary.update({"eval/change": change, "eval/change_se": change_se})
-        # a reward of weight 0 is reported, not trained on (the gold beside a learned proxy: `--rewards
-        # toyscore:1,toy:0`): its own paired change, eval/<name>_change
-        for name in [k for k, w in config.parse_weights(cfg.rewards).items() if w == 0]:
-            change, change_se = evaluate.paired_change(run.values["before"][name], result["values"][name])
-            summary.update({f"eval/{name}_change": change, f"eval/{name}_change_se": change_se})
-    if acc.is_main_process:
-        first = slice(0, evaluate.GRID_IMAGES)
-        grid = evaluate.save_grid(result["images"][first], os.path.join(cfg.output_dir, f"samples_{tag}.png"),
-                                  captions=evaluate.captions(prompts, result["index"][first],
-                                                             result["values"]["reward"]))
-        log_grid(acc, grid, run.progress.iteration)
-        with open(os.path.join(cfg.output_dir, f"eval_{tag}.json"), "w") as f:
-            json.dump({"iteration": run.progress.iteration, **summary,
-                       "per_image": evaluate.per_image(result["values"])}, f, indent=1)
-    return summary
-
-
-def heldout_images(run: Run, samples: int) -> dict:
-    """evaluate.sample_and_score on the first `samples` held-out images, with the run's evaluation settings."""
-    cfg, (prompts, metadata) = run.cfg, run.eval_set
-    with run.accelerator.autocast():
-        return evaluate.sample_and_score(run.pipe, prompts, metadata, run.reward_fn, samples=samples,
-                                         steps=cfg.eval_steps, guidance=cfg.eval_guidance, resolution=cfg.resolution,
-                                         max_sequence_length=cfg.max_sequence_length, batch=cfg.reward_batch,
-                                         accelerator=run.accelerator, transformer=run.sampling_policy,
-                                         seed=cfg.eval_seed)
-
-
-def shipped_evaluation(run: Run) -> dict | None:
-    """The toy world's shortcut for the evaluation before training: a run from iteration 0 evaluates the base model
-    (LoRA's B = 0), whose values of every image the shipped checkpoint carries when the run's evaluation settings
-    are the ones they were computed with (toyworld.shipped_heldout_values). Only the grid's first images are
-    recomputed; if they agree, their images with the shipped values, else None (evaluate everything)."""
-    shipped, acc, samples = toyworld.shipped_heldout_values(run.cfg), run.accelerator, evaluate.GRID_IMAGES
-    if shipped is None:
-        return None
-    result = heldout_images(run, samples)
-    if torch.allclose(result["values"]["reward"], shipped["reward"][:samples], atol=1e-5):
-        acc.print(f"eval before: the checkpoint's shipped values (its first {samples} images recomputed and equal)")
-        return result | {"values": shipped, "summary": evaluate.summarize(shipped)}
-    acc.print(f"eval before: the checkpoint's shipped values disagree with a fresh evaluation of its first {samples} "
-              f"images on this machine; evaluating all {run.cfg.eval_samples}")
-    return None
-
-
-def log_grid(accelerator, grid, step: int):
-    """The evaluation's image grid (H, W, 3) uint8 next to the curves, in whichever tracker is on."""
-    for tracker in accelerator.trackers:
-        if tracker.name == "tensorboard":
-            tracker.log_images({"eval/samples": grid[None]}, step, dataformats="NHWC")
-        elif tracker.name == "wandb":
-            tracker.log_images({"eval/samples": [grid]}, step)
-
-
-def finish(run: Run, summaries: dict, history_path: str) -> list[float]:
-    """The reward curve, the evaluations' summary lines, and a fingerprint of every process's weights (DDP keeps
-    them identical by construction; the fingerprints prove it). Returns the fingerprints."""
+def finish(run: Run, summaries: dict, history_path: str) -> None:
+    """The reward curve and the evaluations' summary lines; then every process ends its part of the run together."""
     acc = run.accelerator
-    sums = collectives.gather(acc, torch.tensor([params_checksum(run.params)])).tolist()
     if acc.is_main_process:
         evaluate.plot_history(history_path, os.path.join(run.cfg.output_dir, "reward_curve.png"), summaries)
         for tag, summary in summaries.items():
@@ -501,76 +444,9 @@ def finish(run: Run, summaries: dict, history_path: str) -> list[float]:
             change, se = summaries["after"]["eval/change"], summaries["after"]["eval/change_se"]
             acc.print(f"held-out change {change:+.4f} +- {se:.4f} (paired SE over {run.cfg.eval_samples} images) = "
                       f"{change / max(se, 1e-12):+.1f} SE")
-        with open(os.path.join(run.cfg.output_dir, "process_checksums.json"), "w") as f:
-            json.dump(sums, f)
     # every process reaches here before any tears its gloo/NCCL group down (a lone destroy can hang or abort)
     acc.wait_for_everyone()
     acc.end_training()
-    return sums
-
-
-# ================================================================================================================
-# Helpers of the steps
-# ================================================================================================================
-
-
-def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.Tensor:
-    """B prompt indices for this iteration, the same on every process (without replacement when possible)."""
-    g = torch.Generator().manual_seed(S.member_seed(seed, iteration, -1, 0))
-    if B <= num_prompts:
-        return torch.randperm(num_prompts, generator=g)[:B]  # (B,)
-    return torch.randint(num_prompts, (B,), generator=g)  # (B,)
-
-
-def decode_and_score(run: Run, latents: torch.Tensor, prompts: list[str], metadata: list[dict]):
-    """Decode and score latents (M, C, h, w) in chunks of reward_batch: total (M,) and components {name: (M,)}."""
-    totals, parts = [], {}
-    for start in range(0, latents.shape[0], run.cfg.reward_batch):
-        sl = slice(start, start + run.cfg.reward_batch)
-        images = models.decode(run.pipe, latents[sl])  # (m, 3, H', W') in [0, 1]
-        total, comps = run.reward_fn(images, prompts[sl], metadata[sl])
-        totals.append(total.float().cpu())
-        for k, v in comps.items():
-            parts.setdefault(k, []).append(v.float().cpu())
-    return torch.cat(totals), {k: torch.cat(v) for k, v in parts.items()}  # (M,), {name: (M,)}
-
-
-class UpdateStats:
-    """The training statistics of one iteration (docs/metrics.md): grpo_loss's statistics and the loss as
-    means over every counted (row, window step) of the iteration; the same for the first micro-batch alone
-    ("first_"), which trains before any optimizer step, so its ratio rho must be 1 up to the numerics
-    (first_ratio_dev, max |rho - 1| over all its rows, counted or not, checks the on-policy recomputation); the
-    mean gradient norm; the share of zero-advantage trajectories."""
-
-    def __init__(self):
-        self.sums, self.first, self.first_dev, self.grad_norms = {}, {}, 0.0, []
-
-    def add(self, stats: dict, loss: torch.Tensor, *, counted: int, first: bool, log_prob: torch.Tensor,
-            logp_old: torch.Tensor):
-        """One window step of a micro-batch: its stats weighted by its `counted` rows; log_prob, logp_old (b,)."""
-        for into in (self.sums, self.first) if first else (self.sums,):
-            for key, val in {**stats, "loss": loss.detach(), "rows": 1.0}.items():
-                into[key] = into.get(key, 0.0) + float(val) * counted
-        if first:
-            rho = torch.exp(log_prob.detach() - logp_old)  # (b,)
-            self.first_dev = max(self.first_dev, float((rho - 1).abs().max()))
-
-    def grad_norm(self, norm):
-        self.grad_norms.extend([] if norm is None else [float(norm)])  # DeepSpeed may return None
-
-    def summary(self, acc, zero_adv: torch.Tensor, N: int) -> dict[str, float]:
-        """Means over all processes; zero_adv (n,) bool marks this process's zero-advantage rows."""
-        out = collectives.mean_over_processes(acc, self.sums)
-        out.update({f"first_{k}": v for k, v in collectives.mean_over_processes(acc, self.first).items()})
-        out["first_ratio_dev"] = collectives.max_over_processes(acc, self.first_dev)
-        out["zero_adv_frac"] = float(collectives.reduce_sum(acc, zero_adv.sum())) / N
-        out["grad_norm"] = sum(self.grad_norms) / max(len(self.grad_norms), 1)
-        return out
-
-
-def params_checksum(params: list[torch.Tensor]) -> float:
-    """A cheap fingerprint of the trainable weights, to check that every process holds the same model."""
-    return float(sum((p.detach().double() * (i + 1)).sum() for i, p in enumerate(params)))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,23 @@
 """Credit assignment of TP-GRPO: incremental rewards, turning points and balanced aggregated rewards.
 
-Paper (arXiv 2602.06422): Sec. 4 (step-wise incremental rewards, turning points Def. 4.1, the first step
-Remark 4.2) and Sec. 5 (the stricter turning point Def. 5.1, the aggregated long-term reward, balanced
-replacement). The formulas we implement, in our words, are docs/method.md, 'Turning points' to 'Worked
-examples'; the names below follow it.
+Paper (arXiv 2602.06422): Sec. 4.1 (step-wise incremental rewards), Sec. 4.2 (turning points, Def. 4.1; the first
+step, Remark 4.2), the stricter turning point (Def. 5.1), the aggregated long-term reward (Sec. 4) and its balanced
+replacement. The formulas we implement, in our words, are docs/method.md, 'Turning points' to 'Worked examples';
+the names below follow it.
 
-Input: the rewards of the ODE completions of one rollout, R (N, W+1): R[:, 0] = R_0 (the state where the SDE
-window starts), R[:, k] = R_k (the state after window step k), R[:, W] = R_sde (the final image). Steps are
-1-based in the paper and in the comments; step k lives in column k-1 of every (N, W) tensor.
+Input: the rewards of the ODE completions of one rollout's window states, R (N, W+1): R[:, 0] = R_0 = R(s_0), the
+reward of the completion of s_0 (the state where the SDE window starts), R[:, k] = R_k = R(s_k) (s_k: the state after
+window step k), R[:, W] = R_sde (the final image's). Steps are 1-based in the paper and in the comments; step k lives
+in column k-1 of every (N, W) tensor.
 
-Shape legend: B prompts, G group size, N = B*G trajectories, W window steps.
-  R (N, W+1) | group (N,) prompt-group id per row (any integers, rows of a group anywhere)
-  d, c, r_agg, rewards, masks (N, W) | Delta (N,)
+Shape legend: B prompts, G group size, N = B*G trajectories in B groups of G consecutive rows (as grpo.py takes
+them), W window steps.
+  R (N, W+1) | d, c, r_agg, rewards, masks (N, W) | Delta (N,)
 
 Run: pure tensor functions (any device, float32 or float64 kept as given); tested by
 `python -m pytest tests/test_turning_points.py`. train.py calls `step_rewards` (which checks R once, then the
-formulas below run unchecked) and logs the turning-point rate per step from `detect_turning_points`.
+formulas below run unchecked) and logs the turning-point rate per step from `detect_turning_points`. The checks of
+the arguments sit at the end of the file.
 
 Why the strict rule exists, with numbers: docs/method.md, 'Example 2: why the strict rule exists'. In one line:
 the base rule can credit a step that raised the reward with a negative r_agg (the collapse after it folded in);
@@ -28,35 +30,6 @@ import torch
 # the methods whose step rewards come from the completions (Flow-GRPO has none: grpo.flow_grpo_advantages)
 CREDITS = ("tp-grpo", "incremental")
 RULES = ("strict", "base")
-
-
-def _check_choice(value, valid, name):
-    if value not in valid:
-        raise ValueError(f"{name}={value!r} is not valid; use one of {', '.join(map(repr, valid))}")
-
-
-def _check_rewards(R):
-    """Validate R (N, W+1); float32/float64 pass unchanged, float16/bfloat16 are upcast to float32."""
-    if not isinstance(R, torch.Tensor) or R.dim() != 2 or R.shape[1] < 2:
-        shape = tuple(R.shape) if isinstance(R, torch.Tensor) else type(R).__name__
-        raise ValueError(f"R must be a (N, W+1) tensor with W >= 1 (columns R_0..R_sde), got {shape}")
-    if not R.is_floating_point():
-        raise ValueError(f"R must be a float tensor, got {R.dtype}; convert it with R.float()")
-    if R.dtype in (torch.float16, torch.bfloat16):
-        # Reward differences of a few 1e-3 round away in half precision: work in float32.
-        R = R.float()  # (N, W+1)
-    if not bool(torch.isfinite(R).all()):
-        raise ValueError("R contains NaN or inf; check the reward function's outputs")
-    return R
-
-
-def _check_group(group, n):
-    """Validate the (N,) integer group ids; returns them as a list."""
-    if (not isinstance(group, torch.Tensor) or group.shape != (n,) or group.is_floating_point()
-            or group.is_complex() or group.dtype == torch.bool):
-        shape = tuple(group.shape) if isinstance(group, torch.Tensor) else type(group).__name__
-        raise ValueError(f"group must be an integer tensor of shape ({n},) (one prompt id per row), got {shape}")
-    return group.tolist()
 
 
 def incremental_rewards(R):
@@ -100,8 +73,9 @@ def detect_turning_points(R, rule="strict"):
     return tp
 
 
-def balance_turning_points(turning_points, r_agg, group):
-    """Keep, per prompt group, as many positive as negative replacements: (N, W) bool of kept turning points.
+def balance_turning_points(turning_points, r_agg, G):
+    """Keep, per prompt group (G consecutive rows), as many positive as negative replacements: (N, W) bool of kept
+    turning points.
 
     Candidates are the turning points with r_agg != 0 (r_agg = 0 keeps d_k anyway). If a group has candidates
     of both signs, each side keeps only its m = min(n_pos, n_neg) with the largest |r_agg|; ties go to the
@@ -109,16 +83,14 @@ def balance_turning_points(turning_points, r_agg, group):
     """
     # DEVIATION: per prompt group, ranked by |r_agg|; the demo code balances per GPU batch, ranked by |Delta|
     # (docs/deviations.md, 'Balancing per prompt group, ranked by |r_agg|').
-    if turning_points.shape != r_agg.shape or turning_points.dim() != 2 or turning_points.dtype != torch.bool:
-        raise ValueError(f"turning_points must be a bool (N, W) mask shaped like r_agg {tuple(r_agg.shape)}, "
-                         f"got {turning_points.dtype} {tuple(turning_points.shape)}")
-    ids = _check_group(group, r_agg.shape[0])  # N group ids
+    _check_mask(turning_points, r_agg)
+    _check_group_size(G, r_agg.shape[0])
     value = r_agg.tolist()  # N x W floats, exactly the tensor's values: the ranking below is the tensor's
     candidates = {}  # group -> its candidates (row, step), in row-major order: the order that breaks ties
     for i, k in (turning_points & (r_agg != 0)).nonzero().tolist():
-        candidates.setdefault(ids[i], []).append((i, k))
+        candidates.setdefault(i // G, []).append((i, k))
     kept = torch.zeros_like(turning_points)  # (N, W)
-    # Sec. 5, per group. Worked example, one group:
+    # Balanced replacement, per group (docs/method.md, 'Balanced replacement'). Worked example, one group:
     #     candidate (row, step)     (0,1)  (0,3)  (1,2)  (2,1)  (2,4)
     #     r_agg                     +0.3   -0.2   +0.5   -0.6   -0.1
     #   n_pos = 2, n_neg = 3, m = 2: each side keeps its two largest |r_agg|, so (2,4) is dropped (it keeps d_k).
@@ -133,9 +105,10 @@ def balance_turning_points(turning_points, r_agg, group):
     return kept
 
 
-def step_rewards(R, group, algo="tp-grpo", rule="strict"):
+def step_rewards(R, G, algo="tp-grpo", rule="strict"):
     """Per-step rewards (N, W) of the methods with completions, the mask (N, W) bool of turning points whose reward
     was replaced, and the turning points `rule` detects before balancing (N, W) bool (training logs their rate).
+    R (N, W+1) holds B groups of G consecutive rows.
 
     algo "tp-grpo": r_k = r_agg_k at kept turning points, d_k elsewhere; "incremental": r_k = d_k (the ablation
     without turning points; its mask is all False, but its detected turning points are returned too: how often
@@ -150,7 +123,7 @@ def step_rewards(R, group, algo="tp-grpo", rule="strict"):
     if algo == "incremental":
         return d, torch.zeros_like(detected), detected  # (N, W) x 3
     r_agg = aggregated_rewards(R)  # (N, W)
-    kept = balance_turning_points(detected, r_agg, group)  # (N, W)
+    kept = balance_turning_points(detected, r_agg, G)  # (N, W)
     # r_k = r_agg_k if step k is a kept turning point (and r_agg_k != 0, ensured by balancing), else d_k
     return torch.where(kept, r_agg, d), kept, detected  # (N, W) x 3
 
@@ -188,3 +161,40 @@ def render_group(R, rewards, mask, detected=None, digits=2):
     legend = "* kept turning point, r = r_agg = R_sde - R_{k-1}"
     lines.append(legend + ("" if detected is None else "   o turning point dropped by balancing, r = d"))
     return "\n".join(line.rstrip() for line in lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks of the arguments: one line naming what does not fit
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _check_choice(value, valid, name):
+    if value not in valid:
+        raise ValueError(f"{name}={value!r} is not valid; use one of {', '.join(map(repr, valid))}")
+
+
+def _check_rewards(R):
+    """Validate R (N, W+1); float32/float64 pass unchanged, float16/bfloat16 are upcast to float32."""
+    if not isinstance(R, torch.Tensor) or R.dim() != 2 or R.shape[1] < 2:
+        shape = tuple(R.shape) if isinstance(R, torch.Tensor) else type(R).__name__
+        raise ValueError(f"R must be a (N, W+1) tensor with W >= 1 (columns R_0..R_sde), got {shape}")
+    if not R.is_floating_point():
+        raise ValueError(f"R must be a float tensor, got {R.dtype}; convert it with R.float()")
+    if R.dtype in (torch.float16, torch.bfloat16):
+        # Reward differences of a few 1e-3 round away in half precision: work in float32.
+        R = R.float()  # (N, W+1)
+    if not bool(torch.isfinite(R).all()):
+        raise ValueError("R contains NaN or inf; check the reward function's outputs")
+    return R
+
+
+def _check_group_size(G, n):
+    if not isinstance(G, int) or G < 1 or n % G:
+        raise ValueError(f"the group size G = {G!r} must be a positive integer dividing the {n} rows (groups of G "
+                         f"consecutive rows)")
+
+
+def _check_mask(turning_points, r_agg):
+    if turning_points.shape != r_agg.shape or turning_points.dim() != 2 or turning_points.dtype != torch.bool:
+        raise ValueError(f"turning_points must be a bool (N, W) mask shaped like r_agg {tuple(r_agg.shape)}, "
+                         f"got {turning_points.dtype} {tuple(turning_points.shape)}")

@@ -172,7 +172,7 @@ def judge_rewards(pipe, ro, cond, cfg, reward, spec: str, counter=None) -> torch
     """A judge's R (n, W+1) of the rollout's window states (--completion `spec`: ode, ode:K, x0), each state
     finished one at a time (`sampler.complete_naive`) and scored."""
     completions = S.complete_naive(pipe.transformer, ro, cond, cfg.guidance, counter=counter,
-                                   completion_steps=S.completion_steps(spec))  # (n, W+1, C, h, w)
+                                   completion_steps=S.parse_completion(spec))  # (n, W+1, C, h, w)
     return reward(completions.transpose(0, 1).flatten(0, 1)).reshape(cfg.window + 1, -1).T  # (n, W+1)
 
 
@@ -233,8 +233,8 @@ def fidelity(args) -> dict:
     `agreement` with R_ode as the truth, plus the correlation of TP-GRPO's per-timestep advantages (strict rule,
     groups of `members` trajectories of one caption) and the evaluations each judge costs per trajectory."""
     cfg, pipe, reward_fn, _ = toy_setup()
-    ro, cond, R_ode, reward, group = toy_trajectories(pipe, cfg, reward_fn, args.members, cfg.noise_level, args.seed)
-    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, group)[0], args.members)  # noqa: E731  (n, W)
+    ro, cond, R_ode, reward, _ = toy_trajectories(pipe, cfg, reward_fn, args.members, cfg.noise_level, args.seed)
+    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, args.members)[0], args.members)  # noqa: E731  (n, W)
     out = {"settings": {"prompts": 48, "members": args.members, "steps": cfg.steps, "window": cfg.window,
                         "noise_level": cfg.noise_level, "seed": args.seed}, "judges": {}}
     for spec in args.judges:
@@ -347,8 +347,7 @@ def figures(args) -> None:
                              noise_level=cfg.noise_level, kind=cfg.sampler, guidance_scale=cfg.guidance)
     images = models.decode(pipe, ro.completions.flatten(0, 1))  # (G*(W+1), 3, h, w)
     R = reward_fn(images, [prompt] * len(images), [meta] * len(images))[0].reshape(G, W + 1)  # (G, W+1)
-    group = torch.zeros(G, dtype=torch.long)
-    step_r, kept, detected = tp.step_rewards(R, group, "tp-grpo", args.rule)  # (G, W) x 3
+    step_r, kept, detected = tp.step_rewards(R, G, "tp-grpo", args.rule)  # (G, W) x 3: one group
     r_agg = tp.aggregated_rewards(R)  # (G, W)
     print(tp.render_group(R, step_r, kept, detected))
 

@@ -71,7 +71,7 @@ def test_inductor_compiled_rollout_with_completions_equals_eager():
     eager = rollout(pipe.transformer)
     # 6 images per call: the wavefront's calls of 3 x (1 + live) x 2 (CFG) images are whole chunks
     compiled = rollout(models.CompiledTransformer(pipe.transformer, rows=6))
-    for a, b in [(compiled.completions, eager.completions), (compiled.log_probs, eager.log_probs),
+    for a, b in [(compiled.completions, eager.completions), (compiled.log_weights, eager.log_weights),
                  (compiled.states, eager.states)]:
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)  # float32 rounding of other kernels, nothing more
     assert counters["stats"]["unique_graphs"] == 1

@@ -95,8 +95,8 @@ def test_log_probs_on_packed_latents_are_the_gaussian_ones(grid, kind, i):
     sigmas, _ = grid
     g = torch.Generator().manual_seed(i)
     x, v, eps = (torch.randn(3, 16, 64, generator=g) for _ in range(3))  # (n, h/2 * w/2, 4C) each
-    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.8, kind, noise=eps)
-    assert out.log_prob.shape == out.std_kl.shape == (3,)
+    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.8, kind=kind, noise=eps)
+    assert out.log_weight.shape == out.std_kl.shape == (3,)
     s, s1 = sigmas[i].double(), sigmas[i + 1].double()
     if kind == "sde":  # docs/method.md, 'The sde step': a Gaussian of std a sqrt(sigma / (1 - sigma)) sqrt(-dt)
         std = 0.8 * torch.sqrt(s / (1 - (s1 if s == 1 else s))) * torch.sqrt(s - s1)
@@ -104,7 +104,7 @@ def test_log_probs_on_packed_latents_are_the_gaussian_ones(grid, kind, i):
     else:  # docs/method.md, 'The cps step': -mean((x' - mean)^2) with x' - mean = sigma' sin(a pi / 2) eps
         std = s1 * math.sin(0.8 * math.pi / 2)
         expected = -((std * eps.double()) ** 2).mean(dim=(1, 2))
-    torch.testing.assert_close(out.log_prob.double(), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out.log_weight.double(), expected, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(out.next.double(), out.mean.double() + std * eps.double(), rtol=1e-5, atol=1e-5)
 
 
@@ -127,8 +127,8 @@ def test_batched_completions_equal_the_naive_loop_one_pass_per_image(pipe, grid,
     # the rollout's log-probs are what training recomputes from the stored states
     sigmas, timesteps = grid
     v = models.velocity(pipe.transformer, ro.states[:, 2], timesteps[2].expand(6), cond, 3.5)
-    again = S.stochastic_step(ro.states[:, 2], v, sigmas[2], sigmas[3], 0.8, kind, next_sample=ro.states[:, 3])
-    torch.testing.assert_close(again.log_prob, ro.log_probs[:, 2], rtol=1e-5, atol=1e-5)
+    again = S.stochastic_step(ro.states[:, 2], v, sigmas[2], sigmas[3], 0.8, kind=kind, next_sample=ro.states[:, 3])
+    torch.testing.assert_close(again.log_weight, ro.log_weights[:, 2], rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- train.py and evaluate.py

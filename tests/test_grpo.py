@@ -49,7 +49,7 @@ def oracle_advantages(x, G, clip=5.0):
 @pytest.mark.parametrize("seed,levels", [(s, lv) for s in range(4) for lv in (None, 3)])
 def test_per_timestep_advantages_match_oracle(seed, levels):
     R, group = random_batch(seed, levels=levels)
-    for rewards in (step_rewards(R, group, algo="tp-grpo")[0], step_rewards(R, group, algo="incremental")[0],
+    for rewards in (step_rewards(R, G, algo="tp-grpo")[0], step_rewards(R, G, algo="incremental")[0],
                     R[:, -1:].expand(-1, R.shape[1] - 1)):  # the last: Flow-GRPO's outcome reward on every step
         adv = per_timestep_advantages(rewards, G)
         assert adv.dtype == torch.float32 and adv.shape == rewards.shape
@@ -58,7 +58,7 @@ def test_per_timestep_advantages_match_oracle(seed, levels):
 
 def test_group_mean_zero_and_unit_std_at_each_step():
     R, group = random_batch(11, dtype=torch.float64)
-    rewards, _, _ = step_rewards(R, group)
+    rewards, _, _ = step_rewards(R, G)
     adv = per_timestep_advantages(rewards, G)
     assert adv.dtype == torch.float64  # float64 in, float64 out
     for g in group.unique():
@@ -313,7 +313,7 @@ def test_loss_errors():
     z = torch.zeros(4)
     with pytest.raises(ValueError, match="needs ref_mean"):
         grpo_loss(z, z, z, mean=mean, ref_mean=None, std_kl=z, clip_range=1e-5, beta=1e-4)
-    with pytest.raises(ValueError, match="logp_old must be a"):
+    with pytest.raises(ValueError, match="log_weight_old must be a"):
         grpo_loss(z, torch.zeros(3), z, mean=mean, ref_mean=None, std_kl=z, clip_range=1e-5, beta=0.0)
     with pytest.raises(ValueError, match="mean must be"):
         grpo_loss(z, z, z, mean=mean[:3], ref_mean=None, std_kl=z, clip_range=1e-5, beta=0.0)

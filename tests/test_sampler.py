@@ -62,13 +62,13 @@ def _random_step(i, n=4, seed=0):
 def test_sde_log_prob_is_the_gaussian_density(grid, i):
     sigmas, _ = grid
     x, v, eps = _random_step(i)
-    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.7, "sde", noise=eps)
+    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.7, kind="sde", noise=eps)
     s, s1 = sigmas[i].double(), sigmas[i + 1].double()
     dt = s1 - s
     std = 0.7 * torch.sqrt(s / (1 - (s1 if s == 1 else s)))
     normal = torch.distributions.Normal(out.mean.double(), std * torch.sqrt(-dt))
     expected = normal.log_prob(out.next.double()).mean(dim=(1, 2, 3))
-    torch.testing.assert_close(out.log_prob.double(), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out.log_weight.double(), expected, rtol=1e-5, atol=1e-4)
     assert torch.allclose(out.std_kl, std.float().expand(4))
     # the sample really has that mean and spread
     torch.testing.assert_close(out.next, out.mean + (std * torch.sqrt(-dt)).float() * eps)
@@ -78,13 +78,13 @@ def test_sde_log_prob_is_the_gaussian_density(grid, i):
 def test_cps_mean_matches_spec_formula(grid, i):
     sigmas, _ = grid
     x, v, eps = _random_step(i)
-    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.7, "cps", noise=eps)
+    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.7, kind="cps", noise=eps)
     s, s1 = float(sigmas[i]), float(sigmas[i + 1])
     noise_std = s1 * math.sin(0.7 * math.pi / 2)
     mean = (1 - s1) * (x - s * v) + math.sqrt(max(s1**2 - noise_std**2, 0.0)) * (x + (1 - s) * v)
     torch.testing.assert_close(out.mean, mean, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.next, mean + noise_std * eps, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.log_prob, -((out.next - out.mean) ** 2).mean(dim=(1, 2, 3)))
+    torch.testing.assert_close(out.log_weight, -((out.next - out.mean) ** 2).mean(dim=(1, 2, 3)))
     assert torch.allclose(out.std_kl, torch.full((4,), noise_std))
 
 
@@ -94,13 +94,13 @@ def test_noise_level_zero_is_the_euler_step(grid, kind, i):
     sigmas, _ = grid
     x, v, eps = _random_step(i)
     euler = x + (sigmas[i + 1] - sigmas[i]) * v
-    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.0, kind, noise=eps)
+    out = S.stochastic_step(x, v, sigmas[i], sigmas[i + 1], 0.0, kind=kind, noise=eps)
     torch.testing.assert_close(S.ode_step(x, v, sigmas[i], sigmas[i + 1]), euler, rtol=0, atol=0)
     if kind == "sde":  # algebraically the same expression: bit-exact
         torch.testing.assert_close(out.next, euler, rtol=0, atol=0)
     else:  # (1-s')(x - s v) + s'(x + (1-s) v) = x + (s' - s) v up to rounding
         torch.testing.assert_close(out.next, euler, rtol=0, atol=1e-6)
-    assert torch.isfinite(out.log_prob).all()
+    assert torch.isfinite(out.log_weight).all()
 
 
 @pytest.mark.parametrize("kind", S.SAMPLERS)
@@ -108,11 +108,11 @@ def test_edge_steps_are_finite_float32(grid, kind):
     sigmas, _ = grid
     for i in (0, T - 1):  # sigma = 1 and sigma' = 0
         x, v, eps = _random_step(i)
-        out = S.stochastic_step(x.half(), v.half(), sigmas[i], sigmas[i + 1], 0.7, kind, noise=eps)
-        for t in (out.next, out.log_prob, out.mean, out.std_kl):
+        out = S.stochastic_step(x.half(), v.half(), sigmas[i], sigmas[i + 1], 0.7, kind=kind, noise=eps)
+        for t in (out.next, out.log_weight, out.mean, out.std_kl):
             assert t.dtype == torch.float32 and torch.isfinite(t).all()
     x, v, eps = _random_step(T - 1)
-    last = S.stochastic_step(x, v, sigmas[T - 1], sigmas[T], 0.7, "cps", noise=eps)
+    last = S.stochastic_step(x, v, sigmas[T - 1], sigmas[T], 0.7, kind="cps", noise=eps)
     assert (last.std_kl == 0).all()  # the last CPS step is deterministic: it must never enter the KL
 
 
@@ -120,9 +120,9 @@ def test_sde_step_rejects_bad_arguments(grid):
     sigmas, _ = grid
     x, v, eps = _random_step(0)
     with pytest.raises(ValueError, match="unknown sampler"):
-        S.stochastic_step(x, v, sigmas[0], sigmas[1], 0.7, "ddim", noise=eps)
+        S.stochastic_step(x, v, sigmas[0], sigmas[1], 0.7, kind="ddim", noise=eps)
     with pytest.raises(ValueError, match="exactly one"):
-        S.stochastic_step(x, v, sigmas[0], sigmas[1], 0.7, "cps")
+        S.stochastic_step(x, v, sigmas[0], sigmas[1], 0.7, kind="cps")
 
 
 # ---------------------------------------------------------------- rollouts and completions (Sec. 4.1)
@@ -200,11 +200,11 @@ def test_the_fast_path_is_the_papers_version(pipe, grid, w0, window, kind, chunk
     fast, _ = _rollout(pipe, grid, w0=w0, window=window, kind=kind, chunk_size=chunk, completion_steps=K)
     plain, cond = _rollout(pipe, grid, w0=w0, window=window, kind=kind, plain=True)
     assert plain.completions is None and plain.counter.nfe == T * 6 and plain.counter.calls == T
-    for a, b in [(fast.states, plain.states), (fast.log_probs, plain.log_probs), (fast.final, plain.final),
+    for a, b in [(fast.states, plain.states), (fast.log_weights, plain.log_weights), (fast.final, plain.final),
                  (fast.completions, S.complete_naive(pipe.transformer, plain, cond, 4.5, completion_steps=K))]:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     alone, _ = _rollout(pipe, grid, w0=w0, window=window, kind=kind, complete=False)
-    for a, b in [(alone.states, plain.states), (alone.log_probs, plain.log_probs), (alone.final, plain.final)]:
+    for a, b in [(alone.states, plain.states), (alone.log_weights, plain.log_weights), (alone.final, plain.final)]:
         assert torch.equal(a, b)
     assert alone.completions is None and (alone.counter.nfe, alone.counter.calls) == (T * 6, T)
 
@@ -227,7 +227,7 @@ def test_counting_55_batched_64_demo_layout(pipe, grid):
 
 
 def test_x0_judge_is_the_rollouts_own_velocity_at_no_extra_call(pipe, grid):
-    ro, cond = _rollout(pipe, grid, w0=1, window=6, completion_steps=S.completion_steps("x0"))
+    ro, cond = _rollout(pipe, grid, w0=1, window=6, completion_steps=S.parse_completion("x0"))
     n, sigmas, timesteps = ro.x_T.shape[0], *grid
     assert ro.counter.nfe == T * n and ro.counter.calls == T  # exactly a Flow-GRPO rollout's evaluations
     for k in range(ro.window):  # x0_hat = s_k - sigma_k v(s_k), v computed here by hand, one state at a time
@@ -262,14 +262,14 @@ def test_k_steps_covering_the_grid_are_the_full_ode_and_every_judge_replays(pipe
         # agree with the full judge's to float rounding, not bit for bit (MKL's kernels depend on the batch shape)
         torch.testing.assert_close(a.states, full.states, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="unknown completion 'ode:0'"):
-        S.completion_steps("ode:0")
+        S.parse_completion("ode:0")
 
 
 def test_same_seed_same_trajectory_bit_exact(pipe, grid):
     a, _ = _rollout(pipe, grid, seed=3)
     b, _ = _rollout(pipe, grid, seed=3)
     c, _ = _rollout(pipe, grid, seed=4)
-    for x, y in [(a.states, b.states), (a.log_probs, b.log_probs), (a.completions, b.completions)]:
+    for x, y in [(a.states, b.states), (a.log_weights, b.log_weights), (a.completions, b.completions)]:
         assert torch.equal(x, y)
     assert not torch.equal(a.final, c.final)
 
@@ -280,7 +280,7 @@ def test_trajectory_does_not_depend_on_the_batch(pipe, grid):
     alone, _ = _rollout(pipe, grid, prompts=("a red cat",), group=3)
     torch.testing.assert_close(alone.states, big.states[:3], rtol=0, atol=1e-5)
     torch.testing.assert_close(alone.completions, big.completions[:3], rtol=0, atol=1e-5)
-    torch.testing.assert_close(alone.log_probs, big.log_probs[:3], rtol=0, atol=1e-5)
+    torch.testing.assert_close(alone.log_weights, big.log_weights[:3], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", S.SAMPLERS)
@@ -291,10 +291,10 @@ def test_stored_log_prob_is_recomputed_exactly(pipe, grid, kind):
         i = ro.w0 + k
         with torch.no_grad():
             v = models.velocity(pipe.transformer, ro.states[:, k], timesteps[i].expand(6), cond, 4.5)
-        out = S.stochastic_step(ro.states[:, k], v, sigmas[i], sigmas[i + 1], 0.7, kind,
+        out = S.stochastic_step(ro.states[:, k], v, sigmas[i], sigmas[i + 1], 0.7, kind=kind,
                                 next_sample=ro.states[:, k + 1])
-        torch.testing.assert_close(out.log_prob, ro.log_probs[:, k], rtol=1e-5, atol=1e-5)
-        assert torch.isfinite(out.log_prob).all()
+        torch.testing.assert_close(out.log_weight, ro.log_weights[:, k], rtol=1e-5, atol=1e-5)
+        assert torch.isfinite(out.log_weight).all()
 
 
 def test_bad_window_is_refused(pipe, grid):

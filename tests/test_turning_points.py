@@ -64,16 +64,19 @@ def oracle(R, group, rule):
 
 
 def random_groups(seed, quantized, n_groups=40, G=8, W=6):
-    """Rows of n_groups groups in random order with arbitrary ids. quantized: 4 reward levels, float32 (exact
+    """Rows of n_groups groups of G consecutive rows, and G. quantized: 4 reward levels, float32 (exact
     differences, many ties and sign(0)); else continuous float64."""
     gen = torch.Generator().manual_seed(seed)
     if quantized:
         R = torch.randint(0, 4, (n_groups * G, W + 1), generator=gen).float() / 4  # (N, W+1)
     else:
         R = torch.rand(n_groups * G, W + 1, generator=gen, dtype=torch.float64)  # (N, W+1)
-    ids = torch.randint(-10**6, 10**6, (n_groups,), generator=gen)  # (n_groups,)
-    group = ids.repeat_interleave(G)[torch.randperm(n_groups * G, generator=gen)]  # (N,)
-    return R, group
+    return R, G
+
+
+def group_ids(R, G):
+    """The prompt group of every row (N,): the oracle's and the property tests' view of G consecutive rows."""
+    return torch.arange(R.shape[0]) // G
 
 
 CASES = [(seed, q, rule) for seed in range(12) for q in (False, True) for rule in ("strict", "base")]
@@ -88,7 +91,7 @@ def test_worked_example_1_both_rules():
     close(incremental_rewards(R), [[-0.10, 0.05, 0.15, 0.10]])
     assert trend_agreement(R).tolist() == [[-1, 1, 1, 1]]
     for rule in ("strict", "base"):
-        rewards, mask, _ = step_rewards(R, T([0]), rule=rule)
+        rewards, mask, _ = step_rewards(R, 1, rule=rule)
         assert detect_turning_points(R, rule).tolist() == [[False, True, False, False]]
         assert mask.tolist() == [[False, True, False, False]]
         close(aggregated_rewards(R)[0, 1], 0.30)
@@ -100,10 +103,10 @@ def test_worked_example_2_base_credits_a_rising_step_negatively_strict_does_not(
     close(global_trend(R), [0.1])
     close(incremental_rewards(R), [[2.0, -0.5, 0.3, -1.7]])
     assert trend_agreement(R).tolist() == [[1, -1, 1, -1]]
-    rewards, mask, _ = step_rewards(R, T([0]), rule="base")
+    rewards, mask, _ = step_rewards(R, 1, rule="base")
     assert mask.tolist() == [[True, False, True, False]]
     close(rewards, [[0.1, -0.5, -1.4, -1.7]])
-    rewards, mask, _ = step_rewards(R, T([0]), rule="strict")
+    rewards, mask, _ = step_rewards(R, 1, rule="strict")
     assert not detect_turning_points(R, "strict").any() and not mask.any()
     close(rewards, incremental_rewards(R))
 
@@ -112,21 +115,24 @@ def test_worked_example_3_balancing_keeps_the_larger_positive():
     R = T(EX3)
     assert detect_turning_points(R, "strict").tolist() == [[False, True, False, False], [True, False, False, False],
                                                            [False, True, False, False]]
-    rewards, mask, _ = step_rewards(R, T([5, 5, 5]), rule="strict")
+    rewards, mask, _ = step_rewards(R, 3, rule="strict")
     assert mask.tolist() == [[False, False, False, False], [True, False, False, False], [False, True, False, False]]
     close(rewards, EX3_REWARDS)
 
 
-def test_groups_are_balanced_separately_wherever_their_rows_are():
-    # Example 3 (id 9) interleaved with example 2 (id -4) and example 1 alone (id 123456789).
-    R = T([EX3[0], EX2, EX3[1], EX1, EX3[2]])
-    group = T([9, -4, 9, 123456789, 9])
-    rewards, mask, _ = step_rewards(R, group, rule="base")
-    close(rewards[[0, 2, 4]], step_rewards(T(EX3), T([0, 0, 0]), rule="base")[0])
-    close(rewards[1], [0.1, -0.5, -1.4, -1.7])
-    close(rewards[3], [-0.10, 0.30, 0.15, 0.10])
+def test_each_group_of_G_consecutive_rows_is_balanced_on_its_own():
+    # Group 0: example 3. Group 1: example 2 and example 1 twice, under the base rule: candidates EX2 step 1
+    # (+0.1) and step 3 (-1.4), each EX1 step 2 (+0.3). Three positive, one negative: m = 1, so the negative and the
+    # first EX1 row's +0.3 (a tie with the second: the earlier row) are kept; EX2's +0.1 falls back to d_1 = +2.
+    R = T([*EX3, EX2, EX1, EX1])
+    rewards, mask, _ = step_rewards(R, 3, rule="base")
+    close(rewards[:3], step_rewards(T(EX3), 3, rule="base")[0])
+    close(rewards[3:], [[2.0, -0.5, -1.4, -1.7], [-0.10, 0.30, 0.15, 0.10], [-0.10, 0.05, 0.15, 0.10]])
     # Example 3 under "base": T1 step 2 (+0.30), T2 step 1 (+0.40), T3 step 2 (-0.30) -> T1 falls back again.
-    assert mask[[0, 2, 4]].tolist() == [[False] * 4, [True, False, False, False], [False, True, False, False]]
+    assert mask[:3].tolist() == [[False] * 4, [True, False, False, False], [False, True, False, False]]
+    # balanced as one group of six, the two groups' candidates would compete (5 positive, 2 negative: m = 2), and
+    # example 3's T0 (+0.30, the earliest of three ties behind T1's +0.40) would be kept
+    assert step_rewards(R, 6, rule="base")[1][0, 1] and not mask[0, 1]
 
 
 # ------------------------------------------------------------------------------------------ properties
@@ -134,10 +140,10 @@ def test_groups_are_balanced_separately_wherever_their_rows_are():
 
 @pytest.mark.parametrize("seed,quantized,rule", CASES)
 def test_matches_the_python_oracle(seed, quantized, rule):
-    R, group = random_groups(seed, quantized)
-    tp, kept, rewards = oracle(R.tolist(), group.tolist(), rule)
+    R, G = random_groups(seed, quantized)
+    tp, kept, rewards = oracle(R.tolist(), group_ids(R, G).tolist(), rule)
     assert detect_turning_points(R, rule).tolist() == tp
-    got_rewards, got_mask, _ = step_rewards(R, group, rule=rule)
+    got_rewards, got_mask, _ = step_rewards(R, G, rule=rule)
     assert got_mask.tolist() == kept
     assert got_rewards.dtype == R.dtype
     assert torch.equal(got_rewards, torch.tensor(rewards, dtype=R.dtype))  # bit-exact: same float ops
@@ -145,7 +151,7 @@ def test_matches_the_python_oracle(seed, quantized, rule):
 
 @pytest.mark.parametrize("seed,quantized,rule", CASES)
 def test_turning_point_properties(seed, quantized, rule):
-    R, group = random_groups(seed, quantized)
+    R, _ = random_groups(seed, quantized)
     d, delta, r_agg = incremental_rewards(R), global_trend(R), aggregated_rewards(R)
     tp = detect_turning_points(R, rule)
     assert tp.any()
@@ -165,10 +171,11 @@ def test_turning_point_properties(seed, quantized, rule):
 
 @pytest.mark.parametrize("seed,quantized,rule", CASES)
 def test_balancing_properties(seed, quantized, rule):
-    R, group = random_groups(seed, quantized)
+    R, G = random_groups(seed, quantized)
     r_agg, d = aggregated_rewards(R), incremental_rewards(R)
     tp = detect_turning_points(R, rule)
-    rewards, kept, _ = step_rewards(R, group, rule=rule)
+    rewards, kept, _ = step_rewards(R, G, rule=rule)
+    group = group_ids(R, G)
     assert not (kept & ~tp).any()
     assert torch.equal(rewards, torch.where(kept, r_agg, d))
     assert (r_agg[kept] != 0).all()
@@ -191,38 +198,43 @@ def test_balancing_properties(seed, quantized, rule):
 
 
 def test_ties_in_r_agg_occur_and_break_by_row_then_step():
-    R, group = random_groups(0, quantized=True)
+    R, _ = random_groups(0, quantized=True)
     r_agg = aggregated_rewards(R)
     cand = detect_turning_points(R, "base") & (r_agg != 0)
     assert r_agg[cand].abs().unique().numel() < cand.sum()  # equal |r_agg| among candidates: ties happen
     # One group, two positive candidates of equal |r_agg| and one negative: the earlier row wins.
     R = T([[0.0, 0.5, 1.0], [0.0, 0.5, 1.0], [0.0, -0.5, -1.0]])
-    _, mask, _ = step_rewards(R, T([1, 1, 1]), rule="strict")
+    _, mask, _ = step_rewards(R, 3, rule="strict")
     assert mask.tolist() == [[True, False], [False, False], [True, False]]
 
 
-def test_vectorized_is_row_permutation_equivariant():
-    R, group = random_groups(3, quantized=False)  # continuous: no ties, so no tie-break order involved
-    perm = torch.randperm(R.shape[0], generator=torch.Generator().manual_seed(1))
-    rewards, mask, _ = step_rewards(R, group)
-    p_rewards, p_mask, _ = step_rewards(R[perm], group[perm])
+def test_vectorized_is_equivariant_under_reordering_groups_and_their_members():
+    R, G = random_groups(3, quantized=False)  # continuous: no ties, so no tie-break order involved
+    gen = torch.Generator().manual_seed(1)
+    B = R.shape[0] // G
+    # (B, G) row indices: the groups in another order, and each group's members shuffled among themselves
+    rows = torch.randperm(B, generator=gen)[:, None] * G + torch.stack([torch.randperm(G, generator=gen)
+                                                                        for _ in range(B)])
+    perm = rows.flatten()  # (N,) still groups of G consecutive rows
+    rewards, mask, _ = step_rewards(R, G)
+    p_rewards, p_mask, _ = step_rewards(R[perm], G)
     assert torch.equal(p_rewards, rewards[perm]) and torch.equal(p_mask, mask[perm])
 
 
 @pytest.mark.parametrize("quantized", [False, True])
 def test_incremental_is_d_and_flow_grpo_has_no_step_rewards(quantized):
-    R, group = random_groups(7, quantized)
+    R, G = random_groups(7, quantized)
     with pytest.raises(ValueError, match="algo='flow-grpo'"):  # its credit is grpo.flow_grpo_advantages
-        step_rewards(R, group, algo="flow-grpo")
-    rewards, mask, _ = step_rewards(R, group, algo="incremental", rule="base")
+        step_rewards(R, G, algo="flow-grpo")
+    rewards, mask, _ = step_rewards(R, G, algo="incremental", rule="base")
     assert torch.equal(rewards, R[:, 1:] - R[:, :-1]) and not mask.any()
 
 
 @pytest.mark.parametrize("algo", ["tp-grpo", "incremental"])
 @pytest.mark.parametrize("rule", ["strict", "base"])
 def test_step_rewards_return_the_detected_turning_points(algo, rule):
-    R, group = random_groups(11, quantized=True)
-    _, kept, detected = step_rewards(R, group, algo=algo, rule=rule)
+    R, G = random_groups(11, quantized=True)
+    _, kept, detected = step_rewards(R, G, algo=algo, rule=rule)
     assert torch.equal(detected, detect_turning_points(R, rule)) and detected.any()
     assert not (kept & ~detected).any()  # balancing only ever drops detected turning points
     if algo == "tp-grpo":
@@ -234,7 +246,7 @@ def test_zero_aggregated_reward_keeps_d():
     # r_agg_3 = 0 and it keeps d_3; step 1 (r_agg = +1) is kept.
     R = T([[0.0, 2.0, 1.0, 1.5, 1.0]])
     assert detect_turning_points(R, "base").tolist() == [[True, False, True, False]]
-    rewards, mask, _ = step_rewards(R, T([0]), rule="base")
+    rewards, mask, _ = step_rewards(R, 1, rule="base")
     assert aggregated_rewards(R)[0, 2] == 0
     assert mask.tolist() == [[True, False, False, False]]
     close(rewards, [[1.0, -1.0, 0.5, -0.5]])
@@ -245,21 +257,21 @@ def test_zero_aggregated_reward_keeps_d():
 
 def test_dtypes():
     for dtype, out in ((torch.float32, torch.float32), (torch.float64, torch.float64), (torch.bfloat16, torch.float32)):
-        rewards, mask, _ = step_rewards(T(EX3, dtype=dtype), T([0, 0, 0]))
+        rewards, mask, _ = step_rewards(T(EX3, dtype=dtype), 3)
         assert rewards.dtype == out and mask.dtype == torch.bool
-    r64, _, _ = step_rewards(T(EX3, dtype=torch.float64), T([0, 0, 0]))
+    r64, _, _ = step_rewards(T(EX3, dtype=torch.float64), 3)
     assert r64[1, 0].item() == 0.9 - 0.5  # float64 is not rounded through float32
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: step_rewards(T(EX3), T([0, 0, 0]), algo="ppo"), "algo='ppo'.*'tp-grpo', 'incremental'"),
-    (lambda: step_rewards(T(EX3), T([0, 0, 0]), rule="loose"), "rule='loose'.*'strict', 'base'"),
+    (lambda: step_rewards(T(EX3), 3, algo="ppo"), "algo='ppo'.*'tp-grpo', 'incremental'"),
+    (lambda: step_rewards(T(EX3), 3, rule="loose"), "rule='loose'.*'strict', 'base'"),
     (lambda: detect_turning_points(T(EX3), rule="Strict"), "rule='Strict'"),
-    (lambda: step_rewards(T(EX3), T([0, 0])), r"shape \(3,\)"),
-    (lambda: step_rewards(T(EX3), T([0.0, 0.0, 0.0])), "integer"),
-    (lambda: step_rewards(T([1, 2, 3]), T([0])), r"\(N, W\+1\)"),
-    (lambda: step_rewards(T([[1, 2, 3]]), T([0])), "float"),
-    (lambda: step_rewards(T([[1.0, float("nan")]]), T([0])), "NaN"),
+    (lambda: step_rewards(T(EX3), 2), "G = 2 must be a positive integer dividing the 3 rows"),
+    (lambda: step_rewards(T(EX3), 3.0), "positive integer"),
+    (lambda: step_rewards(T([1, 2, 3]), 1), r"\(N, W\+1\)"),
+    (lambda: step_rewards(T([[1, 2, 3]]), 1), "float"),
+    (lambda: step_rewards(T([[1.0, float("nan")]]), 1), "NaN"),
 ])
 def test_bad_input_raises_one_line_error(call, match):
     with pytest.raises(ValueError, match=match) as err:
@@ -269,7 +281,7 @@ def test_bad_input_raises_one_line_error(call, match):
 
 def test_balance_rejects_a_float_mask():
     with pytest.raises(ValueError, match="bool"):
-        balance_turning_points(torch.ones(3, 4), torch.ones(3, 4), T([0, 0, 0]))
+        balance_turning_points(torch.ones(3, 4), torch.ones(3, 4), 3)
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -277,7 +289,7 @@ def test_balance_rejects_a_float_mask():
 
 def test_render_group_marks_kept_and_dropped_turning_points():
     R = T(EX3)
-    rewards, mask, _ = step_rewards(R, T([0, 0, 0]))
+    rewards, mask, _ = step_rewards(R, 3)
     text = render_group(R, rewards, mask, detected=detect_turning_points(R))
     lines = text.splitlines()
     assert len(lines) == 1 + 3 * 3 + 1
@@ -298,5 +310,5 @@ def test_balancing_keeps_what_its_worked_example_says():
     r_agg, cand = torch.zeros(3, 4), torch.zeros(3, 4, dtype=torch.bool)
     for row, step, value in [(0, 1, 0.3), (0, 3, -0.2), (1, 2, 0.5), (2, 1, -0.6), (2, 4, -0.1)]:
         r_agg[row, step - 1], cand[row, step - 1] = value, True
-    kept = balance_turning_points(cand, r_agg, torch.zeros(3, dtype=torch.long))
+    kept = balance_turning_points(cand, r_agg, 3)
     assert kept.tolist() == [[True, False, True, False], [False, True, False, False], [True, False, False, False]]
