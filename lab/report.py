@@ -1,16 +1,13 @@
 """The laboratory's numbers and pictures (lab/compare.py's reports): over finished runs of one experiment, the score
 change with its standard error over seeds and its paired standard error over the evaluation images, the
-differences between methods (seed-paired, with a t interval), the grid's matrix, the headline's evaluations along
+differences between methods (seed-paired, with a t interval: lab/stats.py), the grid's matrix, the evaluations along
 the way and what each method spends to reach Flow-GRPO's best score (with a bootstrap that draws the same seeds for
 every method), the ablations' change against a or W, and curves against iterations, transformer evaluations and
-seconds. Pure functions of finished runs' results (compare.load_result: {"argv": train.py's flags, "rows": metrics
-rows, "evals": {tag: summary with per-image scores}}); `runs` is {label: (variant, [result per seed])}, a variant
-anything with compare.Variant's fields.
+seconds. Pure functions of finished runs' results (lab/sweep.py's load_result: {"argv": train.py's flags, "rows":
+metrics rows, "evals": {tag: summary with per-image scores}}); `runs` is {label: (variant, [result per seed])}, a
+variant anything with compare.Variant's fields.
 
-Seeds are blocks: for one seed every method starts from the same LoRA initialisation and sees the same prompts,
-noise and shuffling (train.py seeds them from (seed, iteration, prompt, member)), so a difference between two
-methods is the mean of the per-seed differences, with the paired standard error sd(d) / sqrt(n) and a t interval
-with n - 1 degrees of freedom (`paired_difference`).
+Seeds are blocks (lab/stats.py): a difference between two methods is the mean of the per-seed differences.
 
 Run: through `python -m lab.compare report ...`; tested by `python -m pytest tests/test_compare.py`.
 
@@ -24,6 +21,8 @@ import math
 import torch
 from matplotlib.figure import Figure
 
+from lab.stats import crossing, direction, format_difference, nearest_rank, paired_difference, ratio_interval
+
 COLORS = {"flow-grpo": "tab:gray", "tp-grpo": "tab:red", "tp-grpo-base": "tab:orange", "incremental": "tab:blue"}
 
 
@@ -35,54 +34,6 @@ def _se(x: torch.Tensor) -> torch.Tensor:
 def seed_of(result: dict) -> int:
     """The training seed of a finished run (its --seed flag): what pairs two methods' runs."""
     return int(result["argv"][result["argv"].index("--seed") + 1])
-
-
-def t_cdf(x: float, df: int) -> float:
-    """P(T <= x) for Student's t with an integer number of degrees of freedom, exactly: Abramowitz & Stegun
-    26.7.3-4, P(|T| < x) as a finite series in theta = atan(x / sqrt(df))."""
-    theta = math.atan(abs(x) / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    term, series = 1.0, 1.0
-    if df % 2:  # odd df: (2 / pi) (theta + sin cos (1 + 2/3 cos^2 + (2 4)/(3 5) cos^4 + ... up to cos^(df - 3)))
-        for k in range(1, (df - 1) // 2):
-            term *= 2 * k / (2 * k + 1) * c2
-            series += term
-        inside = 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * series if df > 1 else 0.0))
-    else:  # even df: sin (1 + 1/2 cos^2 + (1 3)/(2 4) cos^4 + ... up to cos^(df - 2))
-        for k in range(1, df // 2):
-            term *= (2 * k - 1) / (2 * k) * c2
-            series += term
-        inside = math.sin(theta) * series
-    return 0.5 + math.copysign(inside / 2, x)
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t (df degrees of freedom), by bisection on t_cdf (to 1e-10)."""
-    lo, hi = -1e6, 1e6
-    while hi - lo > 1e-10 * max(1.0, abs(hi)):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def paired_difference(a: dict[int, float], b: dict[int, float], level: float = 0.95) -> dict:
-    """A - B over the seeds both have ({seed: value} each): d_s = a_s - b_s, its mean, the paired standard error
-    sd(d) / sqrt(n), and the two-sided t interval mean +- t((1 + level) / 2, n - 1) SE. `resolved`: the interval
-    excludes 0. With one common seed there is no spread to measure: SE and interval are NaN, never resolved."""
-    d = torch.tensor([a[s] - b[s] for s in sorted(a.keys() & b.keys())], dtype=torch.float64)  # (n,)
-    n = d.numel()
-    mean = d.mean().item() if n else math.nan
-    se = (d.std() / math.sqrt(n)).item() if n > 1 else math.nan
-    half = t_quantile((1 + level) / 2, n - 1) * se if n > 1 else math.nan
-    return {"n": n, "df": n - 1, "mean": mean, "se": se, "lo": mean - half, "hi": mean + half,
-            "resolved": n > 1 and (mean - half > 0 or mean + half < 0)}
-
-
-def format_difference(c: dict) -> str:
-    """'+0.029 +- 0.041 (95%: -0.076 to +0.134, 5 df)': the mean, its paired SE and its t interval."""
-    if c["n"] < 2:
-        return "-" if c["n"] == 0 else f"{c['mean']:+.3f} (1 seed: no interval)"
-    return f"{c['mean']:+.3f} +- {c['se']:.3f} (95%: {c['lo']:+.3f} to {c['hi']:+.3f}, {c['df']} df)"
 
 
 def _smooth(x: torch.Tensor, k: int = 5) -> torch.Tensor:
@@ -233,21 +184,27 @@ def evals_table(runs: dict, metric: str = "reward") -> str:
     return "\n".join(lines)
 
 
-def _nearest_rank(values: torch.Tensor, q: float) -> float:
-    """The q-quantile by nearest rank: the ceil(q m)-th smallest of m values (an observed value, no interpolation)."""
-    return values.sort().values[max(math.ceil(q * values.numel()), 1) - 1].item()
+def _cost_at(cumulative: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A cumulative cost (..., I+1) indexed by iteration (_costs') at fractional iterations x (...), linear between
+    the whole iterations around x (the cost per iteration is nearly constant); NaN in x (never reached) stays NaN."""
+    lo = x.nan_to_num(0).floor().long().clamp(0, cumulative.shape[-1] - 1)  # (...)
+    hi = (lo + 1).clamp(max=cumulative.shape[-1] - 1)  # (...)
+    c0, c1 = (cumulative.gather(-1, i[..., None])[..., 0] for i in (lo, hi))  # (...) each
+    return c0 + (x - lo) * (c1 - c0)
 
 
 def reach_table(runs: dict, kind: str = "eval", samples: int = 1000, alone: dict | None = None) -> str:
-    """What each method spends to reach Flow-GRPO's best score, on three axes: iterations, transformer evaluations
-    and seconds (sampling + rewards + training) as the runs measured them, and, given `alone` ({label: seconds per
-    iteration measured one run at a time}), the iterations times that calibrated cost. `kind` "eval": the held-out
-    score at the evaluation points (mean over seeds); "train": the 5-iteration mean of the training reward at every
-    iteration. The point estimate uses
-    every seed. The uncertainty is a bootstrap over seeds in which one draw of seeds (with replacement, `samples`
-    times, a fixed generator) serves every method and Flow-GRPO's target alike, as seeds are shared: each cell
-    gives the 10th-90th percentile (nearest rank) over the draws that reach the target, and the share of draws
-    that never do. Only the seeds every method has finished take part."""
+    """What each method spends to reach Flow-GRPO's best score, alone and against Flow-GRPO's spend. `kind` "eval":
+    the held-out score at the evaluation points (mean over seeds, from the one before training); "train": the
+    5-iteration mean of the training reward at every iteration. Where: the crossing interpolated between the points
+    around it (`crossing`), beside the grid value, the first point at or above (20 iterations apart, a miss by 0.001
+    moves it by 20). Costs at the crossing (`_cost_at`): transformer evaluations and seconds (sampling + rewards +
+    training) as the runs measured them, and, given `alone` ({label: seconds per iteration measured one run at a
+    time}, taken as exact), the crossing times it. Uncertainty: a bootstrap over seeds in which one draw of seeds
+    (with replacement, `samples` times, a fixed generator) serves every method and Flow-GRPO's target alike, as
+    seeds are shared: the crossing's 10th-90th percentile (nearest rank) over the draws that reach and the share that
+    never do; each cost's ratio to Flow-GRPO's (all seeds) with its 95% interval over the same draws
+    (`ratio_interval`). Only the seeds every method has finished take part."""
     flow = next((label for label, (v, _) in runs.items() if v.method == "flow-grpo"), None)
     if flow is None:
         return ""
@@ -255,57 +212,58 @@ def reach_table(runs: dict, kind: str = "eval", samples: int = 1000, alone: dict
     aligned = {label: (v, sorted((r for r in seeds if seed_of(r) in common), key=seed_of))
                for label, (v, seeds) in runs.items()}
 
-    def curve(seeds):  # (S, X) scores and the iteration (X,) of each point
+    def curve(seeds):  # (S, X) scores in float64 and the iteration (X,) of each point
         if kind == "eval":
             its, scores = _evals(seeds)
-            return scores, its
+            return scores.double(), its
         smooth = _smooth(_curve(seeds, "reward/mean"))  # (S, I)
-        return smooth, torch.arange(1, smooth.shape[1] + 1)
-
-    def first_reach(scores: torch.Tensor, draws: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        hit = scores[draws].mean(1) >= target[:, None]  # (K, X): the drawn seeds' mean curve at or above target
-        return torch.where(hit.any(1), hit.float().argmax(1), torch.tensor(-1))  # (K,) first point, or -1
+        return smooth.double(), torch.arange(1, smooth.shape[1] + 1)
 
     n = len(common)
     g = torch.Generator().manual_seed(0)
     draws = {"all": torch.arange(n)[None], "boot": torch.randint(n, (samples, n), generator=g)}  # (K, n) each
     target = {k: curve(aligned[flow][1])[0][d].mean(1).max(1).values for k, d in draws.items()}  # (K,) each
-    name = "held-out score" if kind == "eval" else "training reward (5-iteration mean)"
-    lines = [f"{name}: Flow-GRPO's best {float(target['all'][0]):.3f} (seeds {', '.join(map(str, common))})", "",
-             "| method | reaches it at iteration (10-90%; never) | transformer evaluations (10-90%) | seconds (10-90%) |"
-             + (" seconds alone, calibrated (10-90%) |" if alone else ""), "|---|---|---|---|" + ("---|" if alone else "")]
+    spent = {}  # {label: {"all" / "boot": {axis: (K,) in each draw, NaN where it never reaches}}}
     for label, (v, seeds) in aligned.items():
-        scores, its = curve(seeds)
-        cost = _costs(seeds)
-        axes = {}
+        (scores, its), cost = curve(seeds), _costs(seeds)
+        spent[label] = {}
         for k, d in draws.items():
-            at = first_reach(scores, d, target[k])  # (K,)
-            ok = at >= 0
-            it = its[at[ok]]  # (K',) iterations
-            axes[k] = {"never": 1 - ok.float().mean().item(), "iteration": it.float(),
-                       "evaluations": cost["evaluations"][it],
-                       "seconds": cost["seconds"][d[ok], it[:, None]].mean(1),  # (K',) drawn seeds' mean
-                       "alone": it.float() * (alone or {}).get(label, math.nan)}  # (K',)
-        cells = [label]
-        for axis, fmt in (("iteration", "{:.0f}"), ("evaluations", "{:,.0f}"), ("seconds", "{:.0f}"),
-                          ("alone", "{:.0f}"))[:4 if alone else 3]:
+            x, e = crossing(its, scores[d].mean(1), target[k])  # (K,) each
+            spent[label][k] = {"iteration": x, "grid": torch.where(e >= 0, its[e.clamp(min=0)].double(), math.nan),
+                               "evaluations": _cost_at(cost["evaluations"].double().expand(len(x), -1), x),  # (K,)
+                               # each drawn seed's seconds at the crossing, then their mean: (K, n) -> (K,)
+                               "seconds": _cost_at(cost["seconds"].double()[d], x[:, None].expand(-1, n)).mean(1),
+                               "alone": x * (alone or {}).get(label, math.nan)}  # (K,)
+    axes = [("evaluations", "transformer evaluations", "{:,.0f}"), ("seconds", "seconds", "{:.0f}"),
+            ("alone", "seconds alone, calibrated", "{:.0f}")][:3 if alone else 2]
+    lines = [f"{'held-out score' if kind == 'eval' else 'training reward (5-iteration mean)'}: Flow-GRPO's best "
+             f"{float(target['all'][0]):.3f} (seeds {', '.join(map(str, common))}); the crossing interpolated between "
+             f"evaluation points, costs there; / Flow-GRPO: the ratio to Flow-GRPO's cost (95% interval over {samples} "
+             "joint draws of seeds, a draw never reaching = inf)", "",
+             "| method | reaches it at iteration (grid; 10-90%; never) | "
+             + " | ".join(f"{title} | / Flow-GRPO" for _, title, _ in axes) + " |",
+             "|---|---|" + "---|---|" * len(axes)]
+    for label, mine in spent.items():
+        point, boot = mine["all"], mine["boot"]
+        reached = boot["iteration"][boot["iteration"].isfinite()]  # (K',)
+        spread = f"{nearest_rank(reached, 0.1):.0f}-{nearest_rank(reached, 0.9):.0f}" if reached.numel() else "-"
+        at = (f"{point['iteration'][0]:.0f} (grid {point['grid'][0]:.0f}; " if point["grid"][0].isfinite()
+              else "not reached (")
+        cells = [label, f"{at}10-90% {spread}; never {100 * (1 - reached.numel() / samples):.0f}%)"]
+        for axis, _, fmt in axes:
             if axis == "alone" and label not in alone:
-                cells.append("not measured")
+                cells += ["not measured", "-"]
                 continue
-            point, boot = axes["all"][axis], axes["boot"][axis]
-            spread = (f"{fmt.format(_nearest_rank(boot, 0.1))}-{fmt.format(_nearest_rank(boot, 0.9))}"
-                      if boot.numel() else "-")
-            cell = fmt.format(point[0].item()) if point.numel() else "not reached"
-            cells.append(f"{cell} ({spread}" + (f"; never {100 * axes['boot']['never']:.0f}%)" if axis == "iteration"
-                                                else ")"))
+            cells.append(fmt.format(point[axis][0].item()) if point[axis][0].isfinite() else "not reached")
+            if label == flow or (axis == "alone" and flow not in alone):
+                cells.append("-")
+                continue
+            ratio = (point[axis][0] / spent[flow]["all"][axis][0]).nan_to_num(math.inf).item()  # (): never = inf
+            iv = ratio_interval(boot[axis], spent[flow]["boot"][axis])
+            cells.append(f"{ratio:.2f} ({iv['lo']:.2f}-{iv['hi']:.2f}" + (f", resolved {iv['resolved']})"
+                                                                          if iv["resolved"] else ")"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def direction(c: dict) -> str:
-    """'up' or 'down' where the paired t interval excludes 0 on that side, 'flat' where it holds 0 (or, with one
-    seed, is NaN)."""
-    return "up" if c["lo"] > 0 else "down" if c["hi"] < 0 else "flat"
 
 
 def drift_table(runs: dict, proxy: str = "reward", gold: str = "toy") -> str:

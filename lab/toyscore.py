@@ -38,7 +38,7 @@ import rewards
 import sampler as S
 import toyworld
 from lab import judge
-from lab.compare import machine
+from lab.sweep import machine
 
 # ----------------------------------------------------------------------------------------------------------------
 # 1. The model and its folder

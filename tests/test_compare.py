@@ -7,7 +7,6 @@ import gzip
 import json
 import math
 import os
-import sys
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import torch
 import config
 import train
 from lab import compare as C
-from lab import report
+from lab import report, sweep
 
 FAKE_TRAIN = """
 import json, os, sys
@@ -40,7 +39,7 @@ for tag, v in (("before", 0.25), ("after", 0.5 + seed / 100)):
 def test_a_variant_names_every_axis_and_trains_with_exactly_those_settings():
     v = C.Variant("tp-grpo-base", lr=3e-3, clip_range=1e-3, noise_level=0.4, window=3, iterations=100, eval_every=20)
     assert v.name == "tp-grpo-base_lr0.003_clip0.001_a0.4_W3_it100_ev20"
-    cfg = config.parse_config(["--task", "tiny", *v.flags(), *C.SPLIT_FLAGS["validation"]])
+    cfg = config.parse_config(["--task", "tiny", *v.flags(), *sweep.SPLIT_FLAGS["validation"]])
     assert (cfg.algo, cfg.tp_rule, cfg.lr, cfg.clip_range, cfg.noise_level, cfg.window, cfg.iterations,
             cfg.eval_every) == ("tp-grpo", "base", 3e-3, 1e-3, 0.4, 3, 100, 20)
     assert (cfg.eval_prompts, cfg.eval_seed) == ("toy:validation", 3_000_017)
@@ -70,7 +69,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, monkeypa
     fake.write_text(FAKE_TRAIN)
     log = tmp_path / "log"
     monkeypatch.setenv("FAKE_LOG", str(log))
-    monkeypatch.setattr(C, "TRAIN", str(fake))
+    monkeypatch.setattr(sweep, "TRAIN", str(fake))
     variants = {"a": C.Variant("flow-grpo"), "b": C.Variant("tp-grpo", lr=3e-3)}
     monkeypatch.setitem(C.EXPERIMENTS, "tiny", C.Experiment("tiny", "test", "heldout", (0, 1), lambda r: variants))
     results, runs = str(tmp_path / "results"), str(tmp_path / "runs")
@@ -79,14 +78,14 @@ def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, monkeypa
         C.run(["tiny"], results, runs)
     first = log.read_text().splitlines()
     assert len(first) == 3  # seed-major: both seed-0 runs finished, then seed 1's first one died
-    assert [C.finished(results, "heldout", v, [0]) for v in variants.values()] == [True, True]
+    assert [sweep.finished(results, "heldout", v, [0]) for v in variants.values()] == [True, True]
     (tmp_path / "log.die1").unlink()
     C.run(["tiny"], results, runs)
     again = log.read_text().splitlines()[3:]
     assert sorted(again) == sorted(os.path.join(runs, "heldout", v.name, "seed1") for v in variants.values())
     C.run(["tiny"], results, runs)  # all finished: nothing runs
     assert len(log.read_text().splitlines()) == 5
-    r = C.load_result(results, "heldout", variants["b"], 1)
+    r = sweep.load_result(results, "heldout", variants["b"], 1)
     assert r["evals"]["after"]["eval/reward"] == 0.51 and set(r["evals"]["after"]["per_image"]) == {"reward", "toy",
                                                                                                      "toy_strict"}
     assert "--lr" in r["argv"] and r["machine"]["cores"] == os.cpu_count()
@@ -105,7 +104,7 @@ def write_result(results, split, variant, seed, before, after, rewards=(0.5, 0.5
         evals[tag] = {"iteration": it, "eval/reward": sum(values) / len(values), "eval/toy": sum(gold) / len(gold),
                       "eval/toy_strict": sum(values) / len(values) / 2,
                       "per_image": {"reward": list(values), "toy": gold}}
-    path = C.result_path(results, split, variant, seed)
+    path = sweep.result_path(results, split, variant, seed)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with gzip.open(path, "wt") as f:
         json.dump({"argv": ["--seed", str(seed)], "machine": {"cpu": "test", "cores": 2}, "rows": rows,
@@ -116,7 +115,7 @@ def fill_grid(results, score):
     """Every grid run of the current axes, with a validation score after of score(method, lr, clip) + seed/1000."""
     for v in C.grid_variants(results).values():
         for s in C.GRID_SEEDS:
-            if not C.finished(results, "validation", v, [s]):
+            if not sweep.finished(results, "validation", v, [s]):
                 x = score(v.method, v.lr, v.clip_range) + s / 1000
                 write_result(results, "validation", v, s, [0.3, 0.3], [x, x])
 
@@ -190,7 +189,7 @@ def test_harvest_keeps_a_real_run_whole(tmp_path):
     train.main(config.parse_config(["--task", "tiny", "--iterations", "1", "--eval-samples", "8", "--eval-every",
                                     "1", "--prompts-per-iter", "2", "--group-size", "4", "--sample-batch", "8",
                                     "--train-batch", "4", "--output-dir", str(out), "--report-to", "none"]))
-    C.harvest(str(out), str(tmp_path / "r.json.gz"), ["--x"], jobs=1)
+    sweep.harvest(str(out), str(tmp_path / "r.json.gz"), ["--x"], jobs=1)
     with gzip.open(tmp_path / "r.json.gz", "rt") as f:
         r = json.load(f)
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -230,23 +229,27 @@ def test_reach_counts_iterations_evaluations_and_seconds_to_flow_grpos_best(tmp_
         write_result(results, "heldout", flow, s, [0.3], [0.3], rewards=(0.5, 0.6, 0.6, 0.5))
         write_result(results, "heldout", tp, s, [0.3], [0.5], rewards=(0.5, 0.7, 0.9, 0.9), tp=(0.1, 0.2, 0.1),
                      evals_at=(2,))
-        r = C.load_result(results, "heldout", flow, s)
+        r = sweep.load_result(results, "heldout", flow, s)
         r["evals"]["iter000002"] = dict(r["evals"]["after"], iteration=2, **{"eval/reward": 0.4})
-        with gzip.open(C.result_path(results, "heldout", flow, s), "wt") as f:
+        with gzip.open(sweep.result_path(results, "heldout", flow, s), "wt") as f:
             json.dump(r, f)
-    runs = {"flow-grpo": (flow, [C.load_result(results, "heldout", flow, s) for s in (0, 1)]),
-            "tp-grpo": (tp, [C.load_result(results, "heldout", tp, s) for s in (0, 1)])}
+    runs = {"flow-grpo": (flow, [sweep.load_result(results, "heldout", flow, s) for s in (0, 1)]),
+            "tp-grpo": (tp, [sweep.load_result(results, "heldout", tp, s) for s in (0, 1)])}
     held_out, training = report.reach_table(runs, "eval"), report.reach_table(runs, "train")
     rows = {line.split(" | ")[0].strip("| "): [c.strip("| ") for c in line.split(" | ")[1:]]
             for line in held_out.splitlines()[4:]}
-    # held-out: TP-GRPO is at 0.5 >= 0.4 at iteration 2 (2 x 320 evaluations, 2 x 4 s); Flow-GRPO at its own best
+    # held-out: TP-GRPO goes 0.3 (before) -> 0.5 at iteration 2, so it crosses 0.4 halfway, at iteration 1 (the grid
+    # says 2): 320 evaluations and 4 s, half of Flow-GRPO's at its own best (iteration 2: 640, 8 s)
     assert held_out.startswith("held-out score: Flow-GRPO's best 0.400 (seeds 0, 1)")
-    assert rows["tp-grpo"] == ["2 (2-2; never 0%)", "640 (640-640)", "8 (8-8)"]
-    assert rows["flow-grpo"][0] == "2 (2-2; never 0%)"
-    # training reward: Flow-GRPO's best 5-iteration mean is (0.5 + 0.6 + 0.6) / 3 = 0.567 at iteration 3;
-    # TP-GRPO's trailing mean reaches it at iteration 2 ((0.5 + 0.7) / 2 = 0.6)
+    assert rows["tp-grpo"] == ["1 (grid 2; 10-90% 1-1; never 0%)", "320", "0.50 (0.50-0.50, resolved cheaper)", "4",
+                               "0.50 (0.50-0.50, resolved cheaper)"]
+    assert rows["flow-grpo"][:2] == ["2 (grid 2; 10-90% 2-2; never 0%)", "640"]
+    # training reward: Flow-GRPO's best 5-iteration mean is (0.5 + 0.6 + 0.6) / 3 = 0.567 at iteration 3 (960
+    # evaluations); TP-GRPO's trailing mean goes 0.5 -> 0.6 from iteration 1 to 2, so it crosses at 1 + 0.0667 / 0.1 =
+    # 1.67: 533 evaluations, 0.56 of Flow-GRPO's
     assert training.startswith("training reward (5-iteration mean): Flow-GRPO's best 0.567")
-    assert training.splitlines()[5].startswith("| tp-grpo | 2 (2-2; never 0%) |")
+    assert training.splitlines()[5].startswith("| tp-grpo | 2 (grid 2; 10-90% 2-2; never 0%) | 533 | 0.56 (0.56-0.56, "
+                                               "resolved cheaper) |")
     # the evaluations along the way, mean +- SE over the two (identical) seeds
     evals = report.evals_table(runs).splitlines()
     assert evals[0] == "| score +- SE over seeds | before | iteration 2 | iteration 4 |"
@@ -277,7 +280,7 @@ def test_an_ablation_reports_each_method_against_its_axis_and_tp_grpos_lead(tmp_
                                                "+0.000 +- 0.000 (95%: +0.000 to +0.000, 1 df)"]
     assert (tmp_path / "docs" / "t.png").exists()
     # an unfinished point says how many seeds it stands on (one seed has no spread to show)
-    os.remove(C.result_path(results, "heldout", C.Variant("flow-grpo", noise_level=1.0), 1))
+    os.remove(sweep.result_path(results, "heldout", C.Variant("flow-grpo", noise_level=1.0), 1))
     text = C.write_reports(["t"], results, str(tmp_path / "docs"))
     rows = {line.split(" | ")[0].strip("| "): [c.strip("| ") for c in line.split(" | ")[1:]]
             for line in text.splitlines() if line.startswith("| ")}

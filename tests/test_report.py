@@ -1,7 +1,8 @@
 """lab/report.py's statistics of differences between methods against independent oracles: Student's t against its
 closed forms and the numerically integrated density of torch.distributions.StudentT; the seed-paired difference
 against hand computation on a synthetic paired design, and beside it what treating the runs as unpaired would
-say; the contrast table and the reach table's joint bootstrap on synthetic runs."""
+say; the contrast table and the reach table's joint bootstrap on synthetic runs, with its crossing interpolated
+between evaluation points and its cost ratios to Flow-GRPO with their 95% intervals, by hand."""
 
 import dataclasses
 import gzip
@@ -12,14 +13,14 @@ import pytest
 import torch
 
 from lab import compare as C
-from lab import report
+from lab import report, stats, sweep
 from test_compare import write_result
 
 
 @pytest.mark.parametrize("p", [0.6, 0.9, 0.975, 0.995])
 def test_t_quantile_matches_the_closed_forms_of_one_and_two_degrees_of_freedom(p):
-    assert report.t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-8)
-    assert report.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-8)
+    assert stats.t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-8)
+    assert stats.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-8)
 
 
 @pytest.mark.parametrize("df", [3, 4, 5, 9])
@@ -30,15 +31,15 @@ def test_t_cdf_matches_the_integrated_density(df):
                            torch.cumsum((density[1:] + density[:-1]) / 2 * (x[1] - x[0]), 0)])  # trapezoids
     for value in (0.3, 1.0, 2.5, 5.0):
         i = int(round(value * 10_000))
-        assert report.t_cdf(value, df) == pytest.approx(cdf[i].item(), abs=1e-7)
-        assert report.t_cdf(-value, df) == pytest.approx(1 - cdf[i].item(), abs=1e-7)  # symmetry
+        assert stats.t_cdf(value, df) == pytest.approx(cdf[i].item(), abs=1e-7)
+        assert stats.t_cdf(-value, df) == pytest.approx(1 - cdf[i].item(), abs=1e-7)  # symmetry
 
 
 def test_t_quantiles_of_the_laboratory_and_the_normal_limit():
-    assert [round(report.t_quantile(0.975, df), 3) for df in (1, 2, 5)] == [12.706, 4.303, 2.571]  # printed tables
+    assert [round(stats.t_quantile(0.975, df), 3) for df in (1, 2, 5)] == [12.706, 4.303, 2.571]  # printed tables
     # many degrees of freedom: the normal quantile z plus Cornish-Fisher's first correction (z^3 + z) / (4 df)
     z = torch.distributions.Normal(0, 1).icdf(torch.tensor(0.975, dtype=torch.float64)).item()
-    assert report.t_quantile(0.975, 2000) == pytest.approx(z + (z ** 3 + z) / 8000, abs=1e-5)
+    assert stats.t_quantile(0.975, 2000) == pytest.approx(z + (z ** 3 + z) / 8000, abs=1e-5)
 
 
 def test_a_paired_difference_against_hand_computation_and_what_unpaired_would_say():
@@ -49,7 +50,7 @@ def test_a_paired_difference_against_hand_computation_and_what_unpaired_would_sa
     mean = sum(d) / 4
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 3)
     t = 3.182446305284263  # t(0.975, 3)
-    c = report.paired_difference(a, b)
+    c = stats.paired_difference(a, b)
     assert c["n"] == 4 and c["df"] == 3
     assert c["mean"] == pytest.approx(mean) and c["se"] == pytest.approx(sd / 2)
     assert (c["lo"], c["hi"]) == (pytest.approx(mean - t * sd / 2), pytest.approx(mean + t * sd / 2))
@@ -63,10 +64,10 @@ def test_a_paired_difference_against_hand_computation_and_what_unpaired_would_sa
 def test_a_paired_difference_pairs_by_seed_and_uses_only_common_seeds():
     a = {1: 0.5, 2: 0.7, 3: 0.9}
     b = {3: 0.8, 1: 0.3}  # another order, seed 2 missing
-    c = report.paired_difference(a, b)
+    c = stats.paired_difference(a, b)
     assert c["n"] == 2 and c["mean"] == pytest.approx((0.2 + 0.1) / 2)
-    assert not report.paired_difference({1: 0.5}, {1: 0.1})["resolved"]  # one seed: no spread, never resolved
-    assert report.format_difference(report.paired_difference({1: 0.5}, {2: 0.1})) == "-"
+    assert not stats.paired_difference({1: 0.5}, {1: 0.1})["resolved"]  # one seed: no spread, never resolved
+    assert stats.format_difference(stats.paired_difference({1: 0.5}, {2: 0.1})) == "-"
 
 
 def test_the_contrast_table_is_seed_paired_and_reports_fresh_seeds_alone(tmp_path, monkeypatch):
@@ -82,9 +83,9 @@ def test_the_contrast_table_is_seed_paired_and_reports_fresh_seeds_alone(tmp_pat
     text = C.write_reports(["t"], results, str(tmp_path / "reports"))
     row = [line for line in text.splitlines() if line.startswith("| tp-grpo - flow-grpo |")][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    c = report.paired_difference({0: 0.05, 1: 0.06, 2: 0.04, 3: 0.05}, {s: 0.0 for s in range(4)})
-    assert cells[1] == "4" and cells[2] == report.format_difference(c) and cells[3] == "yes"
-    assert cells[4] == report.format_difference(report.paired_difference({2: 0.04, 3: 0.05}, {2: 0.0, 3: 0.0}))
+    c = stats.paired_difference({0: 0.05, 1: 0.06, 2: 0.04, 3: 0.05}, {s: 0.0 for s in range(4)})
+    assert cells[1] == "4" and cells[2] == stats.format_difference(c) and cells[3] == "yes"
+    assert cells[4] == stats.format_difference(stats.paired_difference({2: 0.04, 3: 0.05}, {2: 0.0, 3: 0.0}))
 
 
 def test_the_reach_bootstrap_draws_the_same_seeds_for_every_method(tmp_path):
@@ -96,15 +97,18 @@ def test_the_reach_bootstrap_draws_the_same_seeds_for_every_method(tmp_path):
     for s, top in enumerate((0.4, 0.8)):
         write_result(results, "heldout", flow, s, [0.1], [top], evals_at=(2,), rewards=(0.5,) * 4)
         write_result(results, "heldout", tp, s, [0.1], [top], evals_at=(2,), rewards=(0.5,) * 4)
-        r = C.load_result(results, "heldout", flow, s)
+        r = sweep.load_result(results, "heldout", flow, s)
         r["evals"]["iter000002"]["eval/reward"] = top / 2
-        with gzip.open(C.result_path(results, "heldout", flow, s), "wt") as f:
+        with gzip.open(sweep.result_path(results, "heldout", flow, s), "wt") as f:
             json.dump(r, f)
-    runs = {"flow-grpo": (flow, [C.load_result(results, "heldout", flow, s) for s in (0, 1)]),
-            "tp-grpo": (tp, [C.load_result(results, "heldout", tp, s) for s in (1, 0)])}  # another order: paired by seed
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in
+    runs = {"flow-grpo": (flow, [sweep.load_result(results, "heldout", flow, s) for s in (0, 1)]),
+            "tp-grpo": (tp, [sweep.load_result(results, "heldout", tp, s) for s in (1, 0)])}  # another order: paired by seed
+    rows = {line.split(" | ")[0].strip("| "): line.strip(" |").split(" | ")[1:] for line in
             report.reach_table(runs, "eval", samples=200).splitlines()[4:]}
-    assert rows == {"flow-grpo": "4 (4-4; never 0%)", "tp-grpo": "2 (2-2; never 0%)"}
+    assert rows["flow-grpo"][0] == "4 (grid 4; 10-90% 4-4; never 0%)"
+    assert rows["tp-grpo"][0] == "2 (grid 2; 10-90% 2-2; never 0%)"
+    # and so the ratio of every draw is the same: 2 / 4 iterations at the same cost per iteration
+    assert rows["tp-grpo"][2] == rows["tp-grpo"][4] == "0.50 (0.50-0.50, resolved cheaper)"
 
 
 def test_calibrated_seconds_are_the_iterations_reached_times_the_seconds_per_iteration_alone(tmp_path):
@@ -113,18 +117,82 @@ def test_calibrated_seconds_are_the_iterations_reached_times_the_seconds_per_ite
     for s in (0, 1):
         write_result(results, "heldout", flow, s, [0.1], [0.6], evals_at=(2,), rewards=(0.5,) * 4)
         write_result(results, "heldout", tp, s, [0.1], [0.6], evals_at=(2,), rewards=(0.5,) * 4)
-        r = C.load_result(results, "heldout", flow, s)
+        r = sweep.load_result(results, "heldout", flow, s)
         r["evals"]["iter000002"]["eval/reward"] = 0.3  # Flow-GRPO reaches its best (0.6) at 4, TP-GRPO at 2
-        with gzip.open(C.result_path(results, "heldout", flow, s), "wt") as f:
+        with gzip.open(sweep.result_path(results, "heldout", flow, s), "wt") as f:
             json.dump(r, f)
-    runs = {label: (v, [C.load_result(results, "heldout", v, s) for s in (0, 1)])
+    runs = {label: (v, [sweep.load_result(results, "heldout", v, s) for s in (0, 1)])
             for label, v in (("flow-grpo", flow), ("tp-grpo", tp))}
     cells = {line.split(" | ")[0].strip("| "): line.strip(" |").split(" | ")[1:] for line in
              report.reach_table(runs, "eval", samples=50, alone={"flow-grpo": 2.5}).splitlines()[4:]}
     # as measured: write_result's rows take 2.0 + 0.5 + 1.5 = 4 s per iteration; alone: 4 x 2.5 for Flow-GRPO
-    assert cells["flow-grpo"] == ["4 (4-4; never 0%)", "1,280 (1,280-1,280)", "16 (16-16)", "10 (10-10)"]
-    assert cells["tp-grpo"] == ["2 (2-2; never 0%)", "640 (640-640)", "8 (8-8)", "not measured"]
+    assert cells["flow-grpo"] == ["4 (grid 4; 10-90% 4-4; never 0%)", "1,280", "-", "16", "-", "10", "-"]
+    assert cells["tp-grpo"] == ["2 (grid 2; 10-90% 2-2; never 0%)", "640", "0.50 (0.50-0.50, resolved cheaper)", "8",
+                                "0.50 (0.50-0.50, resolved cheaper)", "not measured", "-"]
     assert "seconds alone" not in report.reach_table(runs, "eval", samples=50)
+
+
+def test_the_crossing_is_interpolated_linearly_between_evaluation_points():
+    its = torch.tensor([0, 20, 40, 60, 80])  # (X,)
+    curves = torch.tensor([[0.38, 0.49, 0.625, 0.719, 0.741],  # misses at 60 by 0.001, crosses just after
+                           [0.80, 0.81, 0.820, 0.830, 0.840],  # at or above from the first point
+                           [0.10, 0.20, 0.300, 0.400, 0.500],  # never
+                           [0.10, 0.60, 0.400, 0.800, 0.900],  # up, down, up: the first point at or above counts
+                           [0.10, 0.50, 0.300, 0.500, 0.900]], dtype=torch.float64)  # (K, X): exactly on a point
+    target = torch.tensor([0.72, 0.7, 0.9, 0.7, 0.5], dtype=torch.float64)  # (K,)
+    x, e = stats.crossing(its, curves, target)
+    # by hand: 60 + (0.72 - 0.719) / (0.741 - 0.719) 20 = 60 + 20 / 22; 0 (no point before the first); never;
+    # 40 + (0.7 - 0.4) / (0.8 - 0.4) 20 = 55 (from the point before, not from 0.6 at 20); 0 + 0.4 / 0.4 20 = 20
+    assert x[0].item() == pytest.approx(60 + 20 / 22, rel=1e-9) and math.isnan(x[2])
+    assert [x[1].item(), x[3].item(), x[4].item()] == [0.0, pytest.approx(55.0), pytest.approx(20.0)]
+    assert e.tolist() == [4, 0, -1, 3, 1]  # the grid values: iterations 80, 0, never, 60, 20
+
+
+def test_the_ratio_interval_takes_nearest_ranks_and_counts_a_draw_that_never_reaches_as_infinite():
+    flow = torch.full((40,), 10.0, dtype=torch.float64)  # (K,) Flow-GRPO's cost in 40 draws
+    # 40 draws: the 2.5% end is the ceil(1.0) = 1st smallest ratio, the 97.5% end the ceil(39.0) = 39th
+    iv = stats.ratio_interval(torch.arange(40, dtype=torch.float64) + 5, flow)  # ratios 0.5, 0.6, ..., 4.4
+    assert (iv["lo"], iv["hi"], iv["resolved"]) == (pytest.approx(0.5), pytest.approx(4.3), "")
+    cheap = torch.arange(40, dtype=torch.float64) / 10 + 2  # (K,) ratios 0.20, 0.21, ..., 0.59
+    iv = stats.ratio_interval(cheap, flow)
+    assert (iv["lo"], iv["hi"], iv["resolved"]) == (pytest.approx(0.20), pytest.approx(0.58), "cheaper")
+    # the cheapest draw never reaches: ratios 0.21 ... 0.59, inf; the 39th smallest is still finite
+    iv = stats.ratio_interval(torch.cat([torch.tensor([math.nan], dtype=torch.float64), cheap[1:]]), flow)
+    assert (iv["lo"], iv["hi"], iv["resolved"]) == (pytest.approx(0.21), pytest.approx(0.59), "cheaper")
+    # two of 40 draws never reach (5%, more than the 2.5% tail): the upper end is inf, no longer resolved
+    iv = stats.ratio_interval(torch.cat([torch.full((2,), math.nan, dtype=torch.float64), cheap[2:]]), flow)
+    assert (iv["lo"], iv["hi"], iv["resolved"]) == (pytest.approx(0.22), math.inf, "")
+    # every draw dearer: ratios 2.1 ... 5.9 and one never reaching (inf, the 40th): the ends are 2.1 and 5.9
+    iv = stats.ratio_interval(torch.cat([torch.tensor([math.nan], dtype=torch.float64), cheap[1:] * 10]), flow)
+    assert (iv["lo"], iv["hi"], iv["resolved"]) == (pytest.approx(2.1), pytest.approx(5.9), "dearer")
+
+
+def test_the_reach_table_interpolates_the_crossing_and_its_costs_and_draws_the_ratio_jointly(tmp_path):
+    flow, tp = C.Variant("flow-grpo", iterations=4), C.Variant("tp-grpo", iterations=4)
+    # held-out means at iterations 0, 2, 4 of seed s: Flow-GRPO 0.2, 0.4, 0.6 + c_s, TP-GRPO 0.2, 0.5, 0.75 + c_s,
+    # with a seed effect c_s = 0, 0.1, 0.05 shared by both methods. In any draw of seeds both curves and the target
+    # (Flow-GRPO's best, 0.6 + m, m the drawn seeds' mean c) move by the same m, so the crossings do not depend on
+    # the draw: Flow-GRPO at 4 (grid 4), TP-GRPO at 2 + (0.6 - 0.5) / (0.75 - 0.5) 2 = 2.8 (grid 4). Drawn apart
+    # they would: TP-GRPO on seed 0 against Flow-GRPO's target on seed 1 (0.7) crosses at 2 + 0.2 / 0.25 2 = 3.6.
+    runs = {"flow-grpo": (flow, []), "tp-grpo": (tp, [])}
+    for s, c in enumerate((0.0, 0.1, 0.05)):
+        for v, mid, top in ((flow, 0.4, 0.6), (tp, 0.5, 0.75)):
+            write_result(str(tmp_path), "heldout", v, s, [0.2 + c], [top + c], evals_at=(2,), rewards=(0.5,) * 4)
+            r = sweep.load_result(str(tmp_path), "heldout", v, s)
+            r["evals"]["iter000002"]["eval/reward"] = mid + c
+            if v is tp:  # 3x Flow-GRPO's 320 evaluations; 4.5 s per iteration, but 6.5 s in the third
+                for row in r["rows"]:
+                    row.update({"cost/transformer_evals": 960, "time/sample_s": 4.5 if row["iteration"] == 3 else 2.5})
+            runs[v.method][1].append(r)
+    cells = {line.split(" | ")[0].strip("| "): line.strip(" |").split(" | ")[1:] for line in
+             report.reach_table(runs, "eval", samples=100, alone={"flow-grpo": 2.5, "tp-grpo": 2.0}).splitlines()[4:]}
+    # Flow-GRPO: 4 x 320 = 1,280 evaluations, 4 x (2 + 0.5 + 1.5) = 16 s, 4 x 2.5 = 10 s alone
+    assert cells["flow-grpo"] == ["4 (grid 4; 10-90% 4-4; never 0%)", "1,280", "-", "16", "-", "10", "-"]
+    # TP-GRPO at 2.8: 2.8 x 960 = 2,688 evaluations (ratio 2.1); seconds 4.5 + 4.5 = 9 by iteration 2, 15.5 by 3,
+    # so 9 + 0.8 x 6.5 = 14.2 at 2.8 (ratio 0.8875); alone 2.8 x 2.0 = 5.6 (ratio 0.56). Every draw gives the same
+    # ratio, so each interval is a point: resolved dearer above 1, cheaper below
+    assert cells["tp-grpo"] == ["3 (grid 4; 10-90% 3-3; never 0%)", "2,688", "2.10 (2.10-2.10, resolved dearer)",
+                                "14", "0.89 (0.89-0.89, resolved cheaper)", "6", "0.56 (0.56-0.56, resolved cheaper)"]
 
 
 def test_the_figure_puts_calibrated_seconds_on_its_third_axis_only_when_every_variant_has_them(tmp_path, monkeypatch):
@@ -133,7 +201,7 @@ def test_the_figure_puts_calibrated_seconds_on_its_third_axis_only_when_every_va
     for label in ("flow-grpo", "tp-grpo"):
         v = C.Variant(label, iterations=4)
         write_result(results, "heldout", v, 0, [0.1], [0.6], rewards=(0.5,) * 4)
-        runs[label] = (v, [C.load_result(results, "heldout", v, 0)])
+        runs[label] = (v, [sweep.load_result(results, "heldout", v, 0)])
     saved = []
     monkeypatch.setattr(report.Figure, "savefig", lambda fig, path: saved.append(fig))
 
@@ -152,7 +220,7 @@ def test_the_figure_puts_calibrated_seconds_on_its_third_axis_only_when_every_va
 def test_seconds_per_iteration_leave_out_the_warm_up_and_take_the_median(tmp_path):
     v = C.Variant("tp-grpo", iterations=4)
     write_result(str(tmp_path), "validation", v, 0, [0.1], [0.2], rewards=(0.5,) * 4)
-    r = C.load_result(str(tmp_path), "validation", v, 0)
+    r = sweep.load_result(str(tmp_path), "validation", v, 0)
     for row, sample in zip(r["rows"], (30.0, 2.0, 3.0, 9.0)):  # per iteration 30 + 2, 2 + 2, 3 + 2, 9 + 2
         row["time/sample_s"] = sample
     assert report.seconds_per_iteration([r]) == 5.0  # the median of 4, 5, 11 (the first, warm-up, left out)
@@ -161,7 +229,7 @@ def test_seconds_per_iteration_leave_out_the_warm_up_and_take_the_median(tmp_pat
 
 def test_the_headline_seconds_run_alone_at_the_headline_settings(tmp_path, monkeypatch):
     waves = []
-    monkeypatch.setattr(C, "_run_wave", lambda todo, split, results, runs, jobs: waves.append((todo, split, jobs)) or
+    monkeypatch.setattr(sweep, "_run_wave", lambda todo, split, results, runs, jobs: waves.append((todo, split, jobs)) or
                         [write_result(results, split, v, s, [0.1], [0.2]) for v, s in todo])
     monkeypatch.setattr(C, "chosen", lambda results, method: C.Variant(method, lr=3e-3, clip_range=1e-5))
     C.run(["headline-seconds"], str(tmp_path), str(tmp_path / "runs"), jobs=2)
@@ -191,8 +259,8 @@ def test_the_drift_table_flags_a_proxy_that_rises_while_the_gold_falls(tmp_path)
         ("hacks", "0-20", "both up"), ("hacks", "20-40", "**over-optimises**"), ("honest", "0-20", "both up"),
         ("honest", "20-40", "both up"), ("plateau", "0-20", "both down"), ("plateau", "20-40", "proxy up, gold flat")]
     # the gold's 20-40 stretch of "hacks", by hand: per-seed changes -0.10, -0.12, -0.11
-    gold = report.paired_difference({0: 0.40, 1: 0.38, 2: 0.39}, {0: 0.5, 1: 0.5, 2: 0.5})
-    assert rows[1][3] == report.format_difference(gold) and gold["hi"] < 0
+    gold = stats.paired_difference({0: 0.40, 1: 0.38, 2: 0.39}, {0: 0.5, 1: 0.5, 2: 0.5})
+    assert rows[1][3] == stats.format_difference(gold) and gold["hi"] < 0
     report.proxy_gold_figure(runs, str(tmp_path / "pg.png"), "test")
     assert (tmp_path / "pg.png").stat().st_size > 0
 
