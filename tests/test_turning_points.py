@@ -312,3 +312,26 @@ def test_balancing_keeps_what_its_worked_example_says():
         r_agg[row, step - 1], cand[row, step - 1] = value, True
     kept = balance_turning_points(cand, r_agg, 3)
     assert kept.tolist() == [[True, False, True, False], [False, True, False, False], [True, False, False, False]]
+
+
+def test_the_demo_codes_split_by_the_sign_of_delta_differs_under_the_base_rule_only():
+    # docs/deviations.md, 'Balancing per prompt group, split and ranked by r_agg': the demo code splits turning points
+    # into positive and negative by sign(Delta) and ranks them by |Delta|; we use the r_agg each one is given. One
+    # group, base rule: example 2 (steps 1 and 3: r_agg +0.1 and -1.4, both with Delta = +0.1) and example 3's T2
+    # (step 2: r_agg -0.3, Delta -0.2).
+    R = T([EX2, EX3[2]])
+    detected = detect_turning_points(R, "base")
+    assert detected.tolist() == [[True, False, True, False], [False, True, False, False]]
+    # ours: one positive (+0.1), two negative (-1.4, -0.3): m = 1 keeps +0.1 and -1.4, T2's -0.3 falls back to d
+    ours = balance_turning_points(detected, aggregated_rewards(R), 2)
+    assert ours.tolist() == [[True, False, True, False], [False, False, False, False]]
+    # the demo's: by Delta, example 2's two are positive (|Delta| 0.1 each) and T2's negative (|Delta| 0.2): m = 1
+    # keeps one of example 2's and T2's, which ours drops
+    by_delta = balance_turning_points(detected, global_trend(R)[:, None].expand(-1, 4).contiguous(), 2)
+    assert by_delta[1, 1] and by_delta[0].sum() == 1 and not torch.equal(by_delta, ours)
+    # under the strict rule every turning point has sign(r_agg) = sign(Delta): the two splits are the same split
+    for seed in range(4):
+        R, _ = random_groups(seed, quantized=True)
+        strict = detect_turning_points(R, "strict")
+        signs = torch.sign(aggregated_rewards(R)), torch.sign(global_trend(R))[:, None].expand(-1, R.shape[1] - 1)
+        assert strict.any() and torch.equal(signs[0][strict], signs[1][strict])
