@@ -6,7 +6,8 @@ Phases for a batch of n trajectories, T steps, an SDE window of W steps from w0 
   (b) TP-GRPO as the authors' demo code lays it out: the rollout, a separate pure-ODE run for R_0, then one ODE
       completion per window state, one after the other (sampler.complete_naive): 64 evaluations for T=10, W=9.
   (c) TP-GRPO batched (sampler.wavefront_rollout): the wavefront, 55 evaluations in T calls; with --judges,
-      (c) again for each cheaper judge of the window states (docs/method.md, 'Cheaper judges'): ode:K, x0.
+      (c) again for each other judge of the window states (docs/method.md, 'Cheaper judges', 'The stochastic truth
+      as a judge'): ode:K, x0, mc:M.
   (d) decoding n latents with the VAE in float32 (what train.py does, as the demo code), and (d') in bf16 for
       comparison: TP-GRPO decodes W+1 images per trajectory.
   (a*), (c*) with --compile: (a) and (c) with the transformer compiled for calls of a fixed size
@@ -40,9 +41,10 @@ evaluations and FLOPs of sampling, the images decoded (1 or W + 1) and the VAE's
 the total against Flow-GRPO's: the predicted TP/Flow cost ratio per iteration (and measured seconds off the meta
 device, the reward model excluded: it is not loaded).
 
-  python bench.py --size random-sd35m --device meta --batches 9 --judges ode:3,ode:2,x0     # SD3.5-M, T = 10, W = 9
+  python bench.py --size random-sd35m --device meta --batches 9 --judges ode:3,ode:2,x0,mc:1,mc:4   # SD3.5-M
   python bench.py --size random-flux-dev --device meta --steps 6 --window 5 --guidance 3.5 --batches 3 \
-      --judges ode:3,ode:2,x0                                                                # FLUX.1-dev, T = 6
+      --judges ode:3,ode:2,x0,mc:1,mc:4                                                      # FLUX.1-dev, T = 6
+  python bench.py --size toy --steps 6 --window 5 --guidance 1 --batches 32 --judges x0,mc:1,mc:4   # the toy world
 
 Shape legend: n trajectories per batch, C/h/w latent channels/height/width, L text tokens, D text width, P pooled
 width.
@@ -65,11 +67,12 @@ import config
 import models
 import policy
 import sampler as S
+import toyworld
 
 
 def build(args):
     """The pipeline with a LoRA on its transformer (sampling runs with it too, as in train.py) and a Config."""
-    pipe = models.load_pipeline(args.size, args.dtype, args.device)
+    pipe = models.load_pipeline(config.TOY_MODEL if args.size == "toy" else args.size, args.dtype, args.device)
     targets = {"lora_targets": config.FLUX_LORA_TARGETS} if models.is_flux(pipe) else {}  # the FLUX presets' LoRA
     cfg = config.Config(guidance=args.guidance, noise_level=args.noise_level, window=args.window, steps=args.steps,
                         gradient_checkpointing=args.gradient_checkpointing, **targets)
@@ -128,11 +131,14 @@ def bench_batch(pipe, cfg: config.Config, args, n: int) -> list[dict]:
     def rollout(complete: bool, naive: bool = False, transformer=pipe.transformer, judge: str = "ode"):
         gens = S.make_generators([S.member_seed(0, 0, 0, m) for m in range(n)])
         x_T = S.draw_noise(gens, shape, args.device)  # (n, C, h, w)
+        spec = S.parse_completion(judge)
         with autocast():
             ro = S.wavefront_rollout(transformer, cond, x_T, gens, sigmas=sigmas, timesteps=timesteps, w0=0,
                                      window=args.window, noise_level=args.noise_level, kind="cps",
                                      guidance_scale=args.guidance, complete=complete, chunk_size=args.chunk_size,
-                                     completion_steps=S.parse_completion(judge))
+                                     completion_steps=spec.steps, continuations=spec.continuations,
+                                     continuation_generators=S.continuation_generators(
+                                         0, 0, [(0, m) for m in range(n)], spec.continuations))
             counter = models.EvalCounter(ro.counter.nfe, ro.counter.calls)
             if naive:
                 S.complete_naive(pipe.transformer, ro, cond, args.guidance, counter=counter)
@@ -215,9 +221,9 @@ def _cell(value, fmt: str, width: int) -> str:
 
 def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=[*models.TINY, *models.RANDOM], default="tiny",
-                   help="a tiny pipeline (SD3 16 px, FLUX 32 px) or SD3.5-M's / FLUX.1-dev's shapes with random "
-                        "weights (512 px)")
+    p.add_argument("--size", choices=[*models.TINY, "toy", *models.RANDOM], default="tiny",
+                   help="a tiny pipeline (SD3 16 px, FLUX 32 px), the toy world's shipped model (32 px, "
+                        "toy_model/) or SD3.5-M's / FLUX.1-dev's shapes with random weights (512 px)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | meta (shapes and FLOPs only, nothing allocated)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="weights and autocast (the VAE decodes in float32 regardless, as in train.py)")
@@ -236,7 +242,7 @@ def main(argv: list[str] | None = None):
     p.add_argument("--compile-rows", type=int, default=0,
                    help="images per compiled call (0: one rollout call, n x2 with SD3's CFG)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (eager: trace only)")
-    p.add_argument("--judges", default="", help="cheaper judges to time as (c) too, comma-separated: ode:K, x0")
+    p.add_argument("--judges", default="", help="other judges to time as (c) too, comma-separated: ode:K, x0, mc:M")
     p.add_argument("--phases", default=",".join(PHASES),
                    help="the phases to run, comma-separated: a, b, c, d, d', e (--compile adds a* / c* to a / c)")
     args = p.parse_args(argv)
@@ -249,8 +255,9 @@ def main(argv: list[str] | None = None):
     if not set(args.phases) <= set(PHASES):
         p.error(f"--phases {','.join(args.phases)}: choose from {','.join(PHASES)}")
     args.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    args.resolution = {"tiny": 16, "tiny-flux": 32}.get(args.size, 512)
-    args.max_sequence_length = 32 if args.size in models.TINY else 128
+    args.resolution = {"tiny": 16, "tiny-flux": 32, "toy": 32}.get(args.size, 512)
+    args.max_sequence_length = toyworld.MAX_SEQUENCE_LENGTH if args.size == "toy" else \
+        32 if args.size in models.TINY else 128
     if args.compile and args.device == "meta":
         p.error("--compile runs the compiled model on real tensors; use --device cpu or cuda")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -308,8 +315,11 @@ def iteration_cost(by: dict, args, n: int, per_reward: int) -> str:
     lines = [f"{'':>5}  one iteration per trajectory: {'evals':>6} {'sampling':>9} {'decodes':>7} {'VAE':>8} "
              f"{'reward':>8} {'training':>8} {'total':>8} {'vs Flow':>7} (TFLOP; seconds without the reward model)"]
     base = None
+    # images decoded and scored per trajectory: W M + 1 (the final one and M completions of each other window state;
+    # M = 1 but for mc:M)
     for name, phase, images in [("Flow-GRPO", "a", 1), ("TP-GRPO, judge ode", "c", W + 1)] + \
-            [(f"TP-GRPO, judge {j}", f"c:{j}", W + 1) for j in args.judges]:
+            [(f"TP-GRPO, judge {j}", f"c:{j}", W * max(S.parse_completion(j).continuations, 1) + 1)
+             for j in args.judges]:
         sampling = by[phase]["flops"] / n
         total = sampling + images * (per_decode + per_reward) + train
         base = base or total

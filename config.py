@@ -63,8 +63,9 @@ class Config:
     sampler: str = _f("cps", "stochastic step: cps (coefficients-preserving) | sde (Flow-GRPO's SDE), docs/method.md")
     completion: str = _f("ode", "how R_k judges a window state s_k: ode (its ODE completion on the whole remaining "
                                 "grid, the paper's) | ode:K (at most K Euler steps on a sub-grid) | x0 (= ode:1, "
-                                "x0_hat = s_k - sigma_k v(s_k), no extra transformer call); docs/method.md, "
-                                "'Cheaper judges'")
+                                "x0_hat = s_k - sigma_k v(s_k), no extra transformer call) | mc:M (the mean reward of "
+                                "M continuations by the training sampler: the stochastic truth, M times the ODE "
+                                "judge's cost); docs/method.md, 'Cheaper judges', 'The stochastic truth as a judge'")
     noise_level: float = _f(0.7, "a, the noise level of the stochastic step")
     window: int = _f(9, "W, number of SDE (trained) steps")
     window_start: int = _f(0, "w0, first SDE step; -1 draws it per iteration in [0, T - W]")

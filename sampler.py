@@ -133,13 +133,24 @@ def cps_step(x, v, sigma, sigma_next, noise_level, *, noise, next_sample) -> Ste
 def member_seed(seed: int, iteration: int, prompt: int, member: int) -> int:
     """A 63-bit seed mixed from the four integers (numpy's SeedSequence: well-spread, no collisions in practice).
     A prompt slot below 0 is one of the iteration's other random streams (STREAMS, stream_seed)."""
-    words = [v % 2**32 for v in (seed, iteration, prompt, member)]  # SeedSequence takes non-negative words
+    return _mix(seed, iteration, prompt, member)
+
+
+def continuation_seed(seed: int, iteration: int, prompt: int, member: int, k: int, m: int) -> int:
+    """The seed of continuation m of trajectory (prompt, member)'s window state s_k (the mc:M judge, the judge
+    audit): every continuation replayable alone, as every trajectory is."""
+    return _mix(seed, iteration, prompt, member, k, m)
+
+
+def _mix(*values: int) -> int:
+    words = [v % 2**32 for v in values]  # SeedSequence takes non-negative words
     return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
 
 
 # An iteration's random streams besides its trajectories' noise, in member_seed's prompt slot (never a prompt index):
-# which prompts are drawn, how the rows are shuffled into updates, where a random window starts
-STREAMS = {"prompts": -1, "shuffle": -2, "window": -3}
+# which prompts are drawn, how the rows are shuffled into updates, where a random window starts, the judge audit's
+# continuations (continuation_seed's prompt slot)
+STREAMS = {"prompts": -1, "shuffle": -2, "window": -3, "audit": -4}
 
 
 def stream_seed(seed: int, iteration: int, stream: str, rank: int = 0) -> int:
@@ -159,6 +170,16 @@ def draw_prompts(num_prompts: int, B: int, seed: int, iteration: int) -> torch.T
 def make_generators(seeds: list[int]) -> list[torch.Generator]:
     """One CPU generator per trajectory: noise is drawn on the CPU, so it is the same on every device."""
     return [torch.Generator("cpu").manual_seed(s) for s in seeds]
+
+
+def continuation_generators(seed: int, iteration: int, trajectories: list[tuple[int, int]], M: int):
+    """k -> the M x n generators of the continuations of the n `trajectories`' window state s_k (each trajectory a
+    (prompt, member) pair; the judge audit's are (STREAMS["audit"], trajectory id): another stream), m-major: block m
+    holds every trajectory's continuation m, the rows of `continue_naive` and of wavefront_rollout's continuations."""
+    def of(k: int) -> list[torch.Generator]:
+        return make_generators([continuation_seed(seed, iteration, p, q, k, m) for m in range(M)
+                                for p, q in trajectories])
+    return of
 
 
 def draw_noise(generators: list[torch.Generator], shape: tuple[int, ...], device) -> torch.Tensor:
@@ -185,7 +206,10 @@ class Rollout:
     states: torch.Tensor  # (n, W+1, C, h, w) s_0 .. s_W
     log_weights: torch.Tensor  # (n, W) step k's log-weight (StepOut) at sampling time, column k - 1: log_weight_old
     final: torch.Tensor  # (n, C, h, w) x_0, the trajectory's image latent
-    completions: torch.Tensor | None = None  # (n, W+1, C, h, w) ODE-complete(s_k); [:, W] is `final`
+    # (n, W*M+1, C, h, w) the completions of s_0 .. s_{W-1}, M of each (mc:M; M = 1 for the ODE judges), then `final`
+    # (s_W's); `judge_rewards` turns their rewards into R_0 .. R_W
+    completions: torch.Tensor | None = None
+    continuations: int = 1  # M
     counter: EvalCounter = field(default_factory=EvalCounter)
 
 
@@ -241,7 +265,8 @@ def ode_complete(transformer, x: torch.Tensor, start: int, cond: Cond, *, sigmas
     x = x.float()
     grid = completion_grid(start, len(timesteps), completion_steps)
     for i, i_next in zip(grid[:-1], grid[1:]):
-        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale, counter=counter)  # (n, C, h, w)
+        v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond, guidance_scale,
+                     counter=counter)  # (n, C, h, w)
         x = ode_step(x, v, sigmas[i], sigmas[i_next])  # (n, C, h, w)
     return x
 
@@ -259,17 +284,57 @@ def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float, 
     return torch.stack(finished + [ro.final], 1)  # (n, W+1, C, h, w)
 
 
-def parse_completion(spec: str) -> int | None:
-    """The --completion judge of a window state as the completion_steps it means: "ode" -> None (the whole
-    remaining grid, the paper's), "ode:K" -> K (K >= 1), "x0" -> 1 (x0_hat = s_k - sigma_k v(s_k): the one-step
-    completion with the rollout's own velocity, the same thing as "ode:1"). Anything else raises a one-line
-    ValueError."""
+@torch.no_grad()
+def continue_naive(transformer, states: torch.Tensor, cond: Cond, generators, *, w0: int, sigmas: torch.Tensor,
+                   timesteps: torch.Tensor, guidance_scale: float, noise_level: float, kind: str, continuations: int,
+                   counter: EvalCounter | None = None) -> torch.Tensor:
+    """The mc:M judge's completions, one window state at a time: from each s_k (k < W) of `states` (n, W+1, C, h,
+    w), M continuations by the training sampler itself, the stochastic step (`kind`, noise level a) through the
+    window's last step and the Euler ODE after it, continuation m's noise from its own generator
+    (`generators(k)`: M x n, m-major, `continuation_generators`). Returns (n, W*M, C, h, w), s_k's M finals at
+    columns k*M .. k*M + M - 1 (the layout of Rollout.completions)."""
+    n, W, M = states.shape[0], states.shape[1] - 1, continuations
+    finals = []
+    for k in range(W):
+        i = w0 + k  # s_k sits at grid index w0 + k; the window's W - k steps left are stochastic
+        x = states[:, k].repeat(M, *[1] * (states.dim() - 2))  # (M*n, C, h, w): M blocks of the n states
+        cont = rollout(transformer, cond.rows(torch.arange(n, device=cond.embeds.device).repeat(M)), x, generators(k),
+                       sigmas=sigmas[i:], timesteps=timesteps[i:], w0=0, window=W - k, noise_level=noise_level,
+                       kind=kind, guidance_scale=guidance_scale)
+        if counter is not None:
+            counter.nfe, counter.calls = counter.nfe + cont.counter.nfe, counter.calls + cont.counter.calls
+        finals.append(cont.final.unflatten(0, (M, n)).transpose(0, 1))  # (n, M, C, h, w)
+    return torch.cat(finals, 1)  # (n, W*M, C, h, w)
+
+
+@dataclass(frozen=True)
+class Judge:
+    """How R_k judges a window state s_k (--completion; docs/method.md, 'Cheaper judges', 'The stochastic truth as a
+    judge'): the Euler ODE over `steps` steps (None: the whole remaining grid), or with continuations M > 0 the mean
+    reward of M continuations by the training sampler itself."""
+
+    steps: int | None = None
+    continuations: int = 0  # M (0: an ODE judge)
+
+
+def parse_completion(spec: str) -> Judge:
+    """The --completion judge: "ode" (the paper's: the whole remaining grid), "ode:K" (K >= 1 Euler steps), "x0"
+    (x0_hat = s_k - sigma_k v(s_k): the one-step completion with the rollout's own velocity, the same as "ode:1") or
+    "mc:M" (M >= 1 continuations by the training sampler). Anything else raises a one-line ValueError."""
     if spec in ("ode", "x0"):
-        return None if spec == "ode" else 1
+        return Judge(steps=None if spec == "ode" else 1)
     name, _, k = spec.partition(":")
-    if name == "ode" and k.isdigit() and int(k) >= 1:
-        return int(k)
-    raise ValueError(f"unknown completion '{spec}'; use ode, ode:K with K >= 1 Euler steps, or x0")
+    if name in ("ode", "mc") and k.isdigit() and int(k) >= 1:
+        return Judge(steps=int(k)) if name == "ode" else Judge(continuations=int(k))
+    raise ValueError(f"unknown completion '{spec}'; use ode, ode:K with K >= 1 Euler steps, x0, or mc:M with M >= 1 "
+                     f"continuations")
+
+
+def judge_rewards(scores: torch.Tensor, M: int) -> torch.Tensor:
+    """The rewards of a rollout's completions (n, W*M+1), laid out as Rollout.completions, -> R (n, W+1): R_k the
+    mean over s_k's M completions (one for the ODE judges: R_k itself), R_W the final image's."""
+    # R_k = (1/M) sum_m R(x_0^(k, m)), k < W; R_W = R(x_0), the trajectory's own image
+    return torch.cat([scores[:, :-1].unflatten(1, (-1, M)).mean(2), scores[:, -1:]], 1)  # (n, W+1)
 
 
 def completion_grid(start: int, steps: int, completion_steps: int | None) -> list[int]:
@@ -304,18 +369,38 @@ class Branch:
         self.at += 1
 
 
+@dataclass
+class Continuation(Branch):
+    """mc:M's completions of s_k in flight (M blocks of the n trajectories, M*n rows): the training sampler's own
+    step (`grid_step`) at every grid index, stochastic with each row's generator inside the window, the ODE after."""
+
+    generators: list = field(default_factory=list)  # M*n, m-major (continuation_generators)
+    w0: int = 0
+    window: int = 0
+    noise_level: float = 0.0
+    kind: str = "cps"
+
+    def advance(self, v: torch.Tensor, sigmas: torch.Tensor) -> None:
+        self.state, _ = grid_step(self.state, v, self.index, self.generators, sigmas=sigmas, w0=self.w0,
+                                  window=self.window, noise_level=self.noise_level, kind=self.kind)  # (M*n, C, h, w)
+        self.at += 1
+
+
 @torch.no_grad()
 def wavefront_rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: list[torch.Generator], *,
                       sigmas: torch.Tensor, timesteps: torch.Tensor, w0: int, window: int, noise_level: float,
                       kind: str, guidance_scale: float, complete: bool = True, completion_steps: int | None = None,
-                      chunk_size: int | None = None) -> Rollout:
+                      continuations: int = 0, continuation_generators=None, chunk_size: int | None = None) -> Rollout:
     """`rollout` (same arguments, same trajectories) and, with complete=True, ODE-complete(s_k) for k = 0..W as
     `complete_naive` computes them, in T transformer calls: the branch started at s_k takes its first Euler step
     with the velocity the rollout just computed at s_k (an exact reuse), and every later step of a branch is taken
     at a grid index the rollout visits, so one call per grid index evaluates the rollout state and every branch
     sitting there. completion_steps K (None: the whole remaining grid, the paper's) finishes each state in at most
-    K Euler steps on `completion_grid`'s sub-grid; K = 1 (x0_hat) costs no call at all. chunk_size caps the images
-    per call (peak memory) without changing any result; complete=False: the plain rollout in such chunks.
+    K Euler steps on `completion_grid`'s sub-grid; K = 1 (x0_hat) costs no call at all. continuations M > 0 (mc:M)
+    finishes each state as `continue_naive` does instead, M continuations by the training sampler
+    (continuation_generators(k): their M x n generators), M blocks of rows in the same calls, the first step again
+    the rollout's v(s_k). chunk_size caps the images per call (peak memory) without changing any result;
+    complete=False: the plain rollout in such chunks.
     """
     steps, n = len(timesteps), x_T.shape[0]
     check_window(steps, w0, window)
@@ -328,27 +413,36 @@ def wavefront_rollout(transformer, cond: Cond, x_T: torch.Tensor, generators: li
     #   full ODE            x      x, b_0     x, b_0, b_1    x, b_0, b_1     9 evaluations per trajectory
     #   K = 2               x      x          x, b_0, b_1    x               6
     # b_k's first step (at i = k) uses the rollout's v(s_k) and needs no call of its own.
+    M = max(continuations, 1)  # completions of each state
     for i in range(steps):
         here = [b for b in branches if b.index == i]  # the branches sitting at grid index i
-        stacked = torch.cat([x] + [b.state for b in here])  # (n*(1+len(here)), C, h, w)
+        stacked = torch.cat([x] + [b.state for b in here])  # (n + rows of the branches here, C, h, w)
         v_all = _chunked_velocity(transformer, stacked, timesteps[i], cond, guidance_scale, counter=counter,
-                                  chunk_size=chunk_size)  # (n*(1+len(here)), C, h, w)
+                                  chunk_size=chunk_size)  # (n + rows of the branches here, C, h, w)
         v = v_all[:n]  # (n, C, h, w) the rollout state's
-        for j, b in enumerate(here):
-            b.advance(v_all[n * (j + 1):n * (j + 2)], sigmas)
+        for b, v_b in zip(here, v_all[n:].split([b.state.shape[0] for b in here])):
+            b.advance(v_b, sigmas)
         if complete and w0 <= i < w0 + window:  # a new branch from s_k; its first step reuses v(s_k, sigma_{w0+k})
-            branches.append(Branch(x, completion_grid(i, steps, completion_steps)))
-            branches[-1].advance(v, sigmas)
+            if continuations:  # mc:M: M copies of s_k, each continued with its own noise
+                branches.append(Continuation(x.repeat(M, *[1] * (x.dim() - 1)), completion_grid(i, steps, None),
+                                             generators=continuation_generators(i - w0), w0=w0, window=window,
+                                             noise_level=noise_level, kind=kind))
+            else:
+                branches.append(Branch(x, completion_grid(i, steps, completion_steps)))
+            branches[-1].advance(v.repeat(M, *[1] * (v.dim() - 1)), sigmas)
         states += [x] if i == w0 else []  # s_0
         x, log_weight = grid_step(x, v, i, generators, sigmas=sigmas, w0=w0, window=window, noise_level=noise_level,
                                   kind=kind)  # (n, C, h, w)
         if log_weight is not None:  # s_k after window step k
             states.append(x)
             log_weights.append(log_weight)
-    # ODE-complete(s_0) .. ODE-complete(s_{W-1}), then s_W's completion: the rollout itself
-    completions = torch.stack([b.state for b in branches] + [x], 1) if complete else None  # (n, W+1, C, h, w)
+    completions = None
+    if complete:  # the M completions of s_0 .. s_{W-1} (rows m*n + j: trajectory j's m-th), then s_W's: the rollout
+        done = torch.stack([b.state.unflatten(0, (M, n)).transpose(0, 1) for b in branches], 1)  # (n, W, M, C, h, w)
+        completions = torch.cat([done.flatten(1, 2), x[:, None]], 1)  # (n, W*M+1, C, h, w)
     return Rollout(sigmas, timesteps, w0, window, x_T.float(), states=torch.stack(states, 1),
-                   log_weights=torch.stack(log_weights, 1), final=x, completions=completions, counter=counter)
+                   log_weights=torch.stack(log_weights, 1), final=x, completions=completions, continuations=M,
+                   counter=counter)
 
 
 def _chunked_velocity(transformer, x: torch.Tensor, timestep: torch.Tensor, cond: Cond, guidance_scale: float, *,

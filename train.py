@@ -253,18 +253,22 @@ def sample(run: Run, it: int) -> Samples:
         w0 = int(torch.randint(cfg.steps - W + 1, (1,), generator=g))
     prompts = [train_prompts[slots[j // G]] for j in run.mine.tolist()]
     metadata = [train_meta[slots[j // G]] for j in run.mine.tolist()]
+    judge = S.parse_completion(cfg.completion)  # how R_k judges a window state (docs/method.md, 'Cheaper judges')
     batches, nfe = [], 0
     run.policy.eval()
     for b0 in range(0, len(prompts), cfg.sample_batch):
         ids = run.mine[b0:b0 + cfg.sample_batch]  # (b,) trajectory ids
         cond = models.encode_prompts(run.pipe, prompts[b0:b0 + cfg.sample_batch], cfg.guidance, cfg.max_sequence_length)
-        gens = S.make_generators([S.member_seed(cfg.seed, it, j // G, j % G) for j in ids.tolist()])
+        slots_members = [(j // G, j % G) for j in ids.tolist()]  # (prompt slot, member) of each trajectory
+        gens = S.make_generators([S.member_seed(cfg.seed, it, p, q) for p, q in slots_members])
         x_T = S.draw_noise(gens, run.shape, run.accelerator.device)  # (b, C, h, w)
         with run.accelerator.autocast():  # bf16 base, float32 LoRA (under DeepSpeed: no autocast, all bf16)
             ro = S.wavefront_rollout(run.sampling_policy, cond, x_T, gens, sigmas=run.sigmas, timesteps=run.timesteps,
                                      w0=w0, window=W, noise_level=cfg.noise_level, kind=cfg.sampler,
                                      guidance_scale=cfg.guidance, complete=cfg.completes,
-                                     completion_steps=S.parse_completion(cfg.completion),
+                                     completion_steps=judge.steps, continuations=judge.continuations,
+                                     continuation_generators=S.continuation_generators(
+                                         cfg.seed, it, slots_members, judge.continuations),
                                      chunk_size=cfg.chunk_size or None)
         nfe += ro.counter.nfe
         batches.append((ro, cond))
@@ -273,17 +277,18 @@ def sample(run: Run, it: int) -> Samples:
 
 def score(run: Run, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
     """Step 2: R_k = R(ODE-complete(s_k)) for k = 0..W, column W = R_sde (docs/method.md, 'Incremental rewards via
-    ODE completions'), or R_sde alone for Flow-GRPO. Returns R (n, W+1) or (n, 1) and the reward's components on
-    the final images, averaged over all processes."""
+    ODE completions'; with mc:M the mean of s_k's M continuations), or R_sde alone for Flow-GRPO. Returns R (n, W+1)
+    or (n, 1) and the reward's components on the final images, averaged over all processes."""
     R, finals = [], {}
     for bi, (ro, _) in enumerate(samples.batches):
         b0, m = bi * run.cfg.sample_batch, ro.final.shape[0]
-        # (b*(W+1), C, h, w) every completion, or (b, C, h, w) the final images
+        # (b*(W*M+1), C, h, w) every completion (M of each state for mc:M, else 1), or (b, C, h, w) the final images
         latents = ro.completions.flatten(0, 1) if ro.completions is not None else ro.final
         reps = latents.shape[0] // m
         total, parts = decode_and_score(run, latents, [p for p in samples.prompts[b0:b0 + m] for _ in range(reps)],
                                         [d for d in samples.metadata[b0:b0 + m] for _ in range(reps)])
-        R.append(total.reshape(m, reps))  # (b, W+1) or (b, 1)
+        scores = total.reshape(m, reps)  # (b, W*M+1) or (b, 1)
+        R.append(S.judge_rewards(scores, ro.continuations) if ro.completions is not None else scores)  # (b, W+1)
         for name, v in parts.items():
             finals.setdefault(name, []).append(v.reshape(m, reps)[:, -1])  # (b,) the final image's
     finals = {name: collectives.gather(run.accelerator, torch.cat(v)).mean().item() for name, v in finals.items()}

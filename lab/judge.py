@@ -22,6 +22,7 @@ rewards of the window states s_0..s_W, C/h/w the toy model's latent channels/hei
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -71,17 +72,15 @@ def sde_continuations(pipe, ro, cond, cfg, noise_level, M, seed, reward):
     standard deviation over the M outcomes, (n, W+1) each; column W is the trajectory's own final reward (s_W has
     no stochastic step left: every continuation is the same)."""
     n, W = ro.states.shape[0], ro.window
-    mean, sd = torch.zeros(n, W + 1), torch.zeros(n, W + 1)
-    for k in range(W):
-        i = ro.w0 + k  # s_k sits at grid index w0 + k
-        x = ro.states[:, k].repeat(M, 1, 1, 1)  # (M*n, C, h, w): M blocks of the n states
-        gens = S.make_generators([S.member_seed(seed, k, j, m) for m in range(M) for j in range(n)])
-        cont = S.rollout(pipe.transformer, cond.rows(torch.arange(n).repeat(M)), x, gens, sigmas=ro.sigmas[i:],
-                         timesteps=ro.timesteps[i:], w0=0, window=W - k, noise_level=noise_level, kind=cfg.sampler,
-                         guidance_scale=cfg.guidance)
-        r = reward(cont.final).reshape(M, n).T  # (n, M)
-        mean[:, k], sd[:, k] = r.mean(1), r.std(1)
-    mean[:, W] = reward(ro.final)  # (n,)
+    # the mc:M judge's plain loop (sampler.continue_naive), with the laboratory's own seeds: (seed, k, trajectory, m)
+    generators = lambda k: S.make_generators([S.member_seed(seed, k, j, m) for m in range(M) for j in range(n)])  # noqa
+    finals = S.continue_naive(pipe.transformer, ro.states, cond, generators, w0=ro.w0, sigmas=ro.sigmas,
+                              timesteps=ro.timesteps, guidance_scale=cfg.guidance, noise_level=noise_level,
+                              kind=cfg.sampler, continuations=M)  # (n, W*M, C, h, w)
+    r = torch.stack([reward(finals[:, k * M:(k + 1) * M].transpose(0, 1).flatten(0, 1)).reshape(M, n).T
+                     for k in range(W)], 1)  # (n, W, M)
+    mean = torch.cat([r.mean(2), reward(ro.final)[:, None]], 1)  # (n, W+1)
+    sd = torch.cat([r.std(2), torch.zeros(n, 1)], 1)  # (n, W+1)
     return mean, sd
 
 
@@ -168,63 +167,133 @@ def measure(args) -> dict:
     return out
 
 
-def judge_rewards(pipe, ro, cond, cfg, reward, spec: str, counter=None) -> torch.Tensor:
-    """A judge's R (n, W+1) of the rollout's window states (--completion `spec`: ode, ode:K, x0), each state
-    finished one at a time (`sampler.complete_naive`) and scored."""
-    completions = S.complete_naive(pipe.transformer, ro, cond, cfg.guidance, counter=counter,
-                                   completion_steps=S.parse_completion(spec))  # (n, W+1, C, h, w)
-    return reward(completions.transpose(0, 1).flatten(0, 1)).reshape(cfg.window + 1, -1).T  # (n, W+1)
+def judge_rewards(pipe, ro, cond, cfg, reward, spec: str, *, seed: int = 0, members: int = 1,
+                  counter=None) -> torch.Tensor:
+    """A judge's R (n, W+1) of the rollout's window states (--completion `spec`: ode, ode:K, x0, mc:M), each state
+    finished one at a time (`sampler.complete_naive`, or for mc:M `sampler.continue_naive` with the training run's
+    continuation seeds, trajectory j being member j % members of prompt j // members) and scored."""
+    judge, n = S.parse_completion(spec), ro.states.shape[0]
+    if judge.continuations:
+        generators = S.continuation_generators(seed, 0, [(j // members, j % members) for j in range(n)],
+                                               judge.continuations)
+        done = S.continue_naive(pipe.transformer, ro.states, cond, generators, w0=ro.w0, sigmas=ro.sigmas,
+                                timesteps=ro.timesteps, guidance_scale=cfg.guidance, noise_level=cfg.noise_level,
+                                kind=cfg.sampler, continuations=judge.continuations, counter=counter)
+        completions = torch.cat([done, ro.final[:, None]], 1)  # (n, W*M+1, C, h, w)
+    else:
+        completions = S.complete_naive(pipe.transformer, ro, cond, cfg.guidance, counter=counter,
+                                       completion_steps=judge.steps)  # (n, W+1, C, h, w)
+    scores = reward(completions.transpose(0, 1).flatten(0, 1)).reshape(completions.shape[1], n).T  # (n, W*M+1)
+    return S.judge_rewards(scores, max(judge.continuations, 1))  # (n, W+1)
 
 
-def truth(args) -> dict:
-    """Every judge against the stochastic truth at one noise level: `measure`'s trajectories, window states and SDE
-    continuations (its seeds), each judge's R_k of those states (`judge_rewards`), and its `agreement` with the
-    mean of the continuations."""
-    path = os.path.join(args.results, "judge", "judges_vs_sde.json")
+def truth(args) -> list[dict]:
+    """Every judge against the stochastic truth at one noise level, for each of `args.seed`: `measure`'s
+    trajectories, window states and SDE continuations (its seeds), each judge's R_k of those states
+    (`judge_rewards`), and its `agreement` with the mean of the continuations; one result file per seed and members
+    (judges_vs_sde_<members>x_seed<seed>.json), one report over them (judges_truth.md)."""
+    paths = [os.path.join(args.results, "judge", f"judges_vs_sde_{args.members}x_seed{seed}.json")
+             for seed in args.seed]
     if args.report:
-        return report_truth(json.load(open(path)), args.reports)
+        return report_truth([json.load(open(p)) for p in paths], args.reports)
     cfg, pipe, reward_fn, _ = toy_setup()
-    ro, cond, _, reward, _ = toy_trajectories(pipe, cfg, reward_fn, args.members, args.noise, args.seed)
-    mean, sd = sde_continuations(pipe, ro, cond, cfg, args.noise, args.continuations, args.seed + 1,
-                                 reward)  # (n, W+1) each
-    out = {"settings": {"prompts": 48, "members": args.members, "continuations": args.continuations,
-                        "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler, "noise_level": args.noise,
-                        "seed": args.seed}, "R_sde_mean": mean.tolist(),
-           "mc_se": (sd / args.continuations ** 0.5).mean(0).tolist(), "judges": {}}
-    for spec in args.judges:
-        R = judge_rewards(pipe, ro, cond, cfg, reward, spec)  # (n, W+1)
-        out["judges"][spec] = {"R": R.tolist(), **agreement(R, mean)}
-        log_row(spec, out["judges"][spec])
-    write_json(out, path)
-    report_truth(out, args.reports)
-    return out
+    cfg = dataclasses.replace(cfg, noise_level=args.noise)  # the mc:M judges continue with the trajectories' a
+    outs = []
+    for seed, path in zip(args.seed, paths):
+        ro, cond, _, reward, _ = toy_trajectories(pipe, cfg, reward_fn, args.members, args.noise, seed)
+        mean, sd = sde_continuations(pipe, ro, cond, cfg, args.noise, args.continuations, seed + 1,
+                                     reward)  # (n, W+1) each
+        out = {"settings": {"prompts": 48, "members": args.members, "continuations": args.continuations,
+                            "steps": cfg.steps, "window": cfg.window, "sampler": cfg.sampler,
+                            "noise_level": args.noise, "seed": seed}, "R_sde_mean": mean.tolist(),
+               "mc_se": (sd / args.continuations ** 0.5).mean(0).tolist(), "judges": {}}
+        for spec in args.judges:
+            R = judge_rewards(pipe, ro, cond, cfg, reward, spec, seed=seed, members=args.members)  # (n, W+1)
+            out["judges"][spec] = {"R": R.tolist(), **agreement(R, mean)}
+            log_row(spec, out["judges"][spec])
+        write_json(out, path)
+        outs.append(out)
+    report_truth(outs, args.reports)
+    return outs
 
 
-def report_truth(out: dict, reports: str) -> None:
-    """`reports`/judges_truth.md: each judge's agreement with the stochastic truth, standard errors by resampling
-    captions (`bootstrap_agreement`)."""
+def centred(R: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """R (n, W+1) less each caption's mean over its trajectories: the differences within a group, what GRPO's
+    advantages compare."""
+    means = torch.zeros(int(group.max()) + 1, R.shape[1], dtype=R.dtype).index_add_(0, group, R)  # (c, W+1)
+    return R - (means / torch.bincount(group)[:, None])[group]
+
+
+def truth_table(out: dict, draws: torch.Tensor) -> list[str]:
+    """One seed's table: each judge's agreement with the truth, correlations +- SE by resampling the captions."""
     st, W = out["settings"], out["settings"]["window"]
-    truth_R, n = torch.tensor(out["R_sde_mean"]), st["prompts"] * st["members"]  # (n, W+1)
-    draws = torch.randint(st["prompts"], (1000, st["prompts"]), generator=torch.Generator().manual_seed(0))
-    lines = [f"Each judge's R_k against the mean reward of {st['continuations']} SDE continuations from the same window "
-             f"state s_k ({st['prompts']} captions x {st['members']} trajectories, T = {st['steps']}, W = {W}, "
-             f"a = {st['noise_level']}, sampler {st['sampler']}); +- SE by resampling the captions (1000 times). "
-             f"Monte-Carlo SE of the truth at s_0: {out['mc_se'][0]:.3f}.", "",
+    truth_R, group = torch.tensor(out["R_sde_mean"]), torch.arange(st["prompts"] * st["members"]) // st["members"]
+    lines = [f"Seed {st['seed']}: each judge's R_k against the mean reward of {st['continuations']} SDE continuations "
+             f"from the same window state s_k ({st['prompts']} captions x {st['members']} trajectories, T = "
+             f"{st['steps']}, W = {W}, a = {st['noise_level']}, sampler {st['sampler']}); +- SE by resampling the "
+             f"captions ({len(draws)} times). Monte-Carlo SE of the truth at s_0: {out['mc_se'][0]:.3f}.", "",
              "| judge | correlation with the truth, " + " / ".join(f"s_{k}" for k in range(W)) + " | bias at s_0 | "
              "RMSE at s_0 | d_k = 0 (ties) | d_k sign agreement, all steps / where the judge's d_k != 0 | strict "
              "turning points: judge / truth, precision / recall |", "|---|---|---|---|---|---|---|"]
     for spec, row in out["judges"].items():
-        R = torch.tensor(row["R"])  # (n, W+1)
-        bias, corr = bootstrap_agreement(R, truth_R, torch.arange(n) // st["members"], draws)  # (1000, W+1) each
+        bias, corr = bootstrap_agreement(torch.tensor(row["R"]), truth_R, group, draws)  # (B, W+1) each
         # a draw whose captions all score one state alike has no correlation there (NaN): left out of its SE
         corr_se = torch.stack([c[c.isfinite()].std() for c in corr.T])  # (W+1,)
-        bias_se = bias.std(0)  # (W+1,)
         agree = sum(row["d_sign_agree"]) / W
         lines.append(f"| {spec} | " + " / ".join(f"{row['corr'][k]:.2f} +- {corr_se[k]:.2f}" for k in range(W))
-                     + f" | {row['bias'][0]:+.3f} +- {bias_se[0]:.3f} | {row['rmse'][0]:.3f} | "
+                     + f" | {row['bias'][0]:+.3f} +- {bias.std(0)[0]:.3f} | {row['rmse'][0]:.3f} | "
                      f"{100 * row['d_zero']:.0f}% | {agree:.2f} / {row['d_sign_agree_moved']:.2f} | "
                      f"{100 * row['tp_rate']:.1f}% / {100 * row['tp_rate_truth']:.1f}%, {row['tp_precision']:.2f} / "
                      f"{row['tp_recall']:.2f} |")
+    return lines
+
+
+def judge_differences(out: dict, draws: torch.Tensor, base: str = "ode") -> dict:
+    """{(judge, "pooled" / "within"): (diff (W,), se (W,))}: each judge's correlation with the truth at s_0 ..
+    s_{W-1} minus `base`'s, over all trajectories (pooled) and within caption (`centred`: GRPO's comparison), the SE
+    from the same draws of captions for both judges (paired)."""
+    st = out["settings"]
+    group = torch.arange(st["prompts"] * st["members"]) // st["members"]
+    truth_R, W = torch.tensor(out["R_sde_mean"]), st["window"]
+    diffs = {}
+    for kind, f in (("pooled", lambda R: R), ("within", lambda R: centred(R, group))):
+        corr = {spec: (agreement(f(torch.tensor(row["R"])), f(truth_R))["corr"][:W],
+                       bootstrap_agreement(f(torch.tensor(row["R"])), f(truth_R), group, draws)[1][:, :W])
+                for spec, row in out["judges"].items()}  # {spec: (point (W,), draws (B, W))}
+        for spec in out["judges"]:
+            if spec != base:
+                d = corr[spec][1] - corr[base][1]  # (B, W) paired: the same captions in both
+                se = torch.stack([c[c.isfinite()].std() for c in d.T])  # (W,)
+                diffs[spec, kind] = (torch.tensor(corr[spec][0]) - torch.tensor(corr[base][0]), se)
+    return diffs
+
+
+def report_truth(outs: list[dict], reports: str) -> None:
+    """`reports`/judges_truth.md: per seed, each judge's agreement with the stochastic truth (`truth_table`) and its
+    correlation's paired difference from the ODE judge's (`judge_differences`); then what holds at every seed: a
+    difference whose interval (+- 2 SE) excludes 0 on the same side at each of them."""
+    W = outs[0]["settings"]["window"]
+    draws = torch.randint(outs[0]["settings"]["prompts"], (1000, outs[0]["settings"]["prompts"]),
+                          generator=torch.Generator().manual_seed(0))
+    lines, diffs = [], []
+    for out in outs:
+        lines += truth_table(out, draws) + [""]
+        diffs.append(judge_differences(out, draws) if "ode" in out["judges"] else {})
+        lines += [f"Seed {out['settings']['seed']}: each judge's correlation with the truth minus the ODE judge's, "
+                  "+- SE (the same captions drawn for both), over all trajectories / within caption:", "",
+                  "| judge - ode | " + " | ".join(f"s_{k}" for k in range(W)) + " |", "|---|" + "---|" * W]
+        for spec in [s for s in out["judges"] if (s, "pooled") in diffs[-1]]:
+            (p, sp), (w, sw) = diffs[-1][spec, "pooled"], diffs[-1][spec, "within"]
+            lines.append(f"| {spec} | " + " | ".join(f"{p[k]:+.2f} +- {sp[k]:.2f} / {w[k]:+.2f} +- {sw[k]:.2f}"
+                                                      for k in range(W)) + " |")
+        lines.append("")
+    held = [f"{spec} {kind} at s_{k}: {'+' if diffs[0][spec, kind][0][k] > 0 else '-'}"
+            for spec, kind in diffs[0] for k in range(W)
+            if all((spec, kind) in d for d in diffs)
+            and len({bool(d[spec, kind][0][k] > 0) for d in diffs}) == 1
+            and all(d[spec, kind][0][k].abs() > 2 * d[spec, kind][1][k] for d in diffs)]
+    lines.append(f"Differences from the ODE judge beyond 2 SE, on the same side, at every one of the {len(outs)} "
+                 f"seed(s): " + ("; ".join(held) if held else "none") + ".")
     _write_table(reports, "judges_truth.md", lines)
 
 
@@ -234,7 +303,7 @@ def fidelity(args) -> dict:
     groups of `members` trajectories of one caption) and the evaluations each judge costs per trajectory."""
     cfg, pipe, reward_fn, _ = toy_setup()
     ro, cond, R_ode, reward, _ = toy_trajectories(pipe, cfg, reward_fn, args.members, cfg.noise_level, args.seed)
-    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, args.members)[0], args.members)  # noqa: E731  (n, W)
+    adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, args.members)[0], args.members)  # noqa: E731
     out = {"settings": {"prompts": 48, "members": args.members, "steps": cfg.steps, "window": cfg.window,
                         "noise_level": cfg.noise_level, "seed": args.seed}, "judges": {}}
     for spec in args.judges:
@@ -408,14 +477,16 @@ def main():
                     help="only rewrite the report (judge.md and judge.png, or judge_<reward>.*) in --reports "
                     "from the results")
     tr = sub.add_parser("truth", help="every judge (--completion) against the mean of SDE continuations")
-    tr.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
+    tr.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0", "mc:1", "mc:4"])
     tr.add_argument("--noise", type=float, default=0.7, help="the noise level a")
     tr.add_argument("--members", type=int, default=2, help="trajectories per training caption (48 captions)")
     tr.add_argument("--continuations", type=int, default=16, help="M, SDE continuations per window state")
-    tr.add_argument("--seed", type=int, default=0, help="measure's seed: the same trajectories and continuations")
+    tr.add_argument("--seed", type=int, nargs="+", default=[0], help="the seeds of the trajectories and the "
+                    "continuations (seed 0 with --members 2: measure's), each its own result file")
     tr.add_argument("--results", default=os.path.join(LAB, "results"))
     tr.add_argument("--reports", default=os.path.join(LAB, "reports"))
-    tr.add_argument("--report", action="store_true", help="only rewrite judges_truth.md from the results")
+    tr.add_argument("--report", action="store_true", help="only rewrite judges_truth.md from the results of "
+                    "--members and --seed")
     fi = sub.add_parser("fidelity", help="cheaper judges (--completion) against the full ODE judge")
     fi.add_argument("--judges", nargs="+", default=["ode", "ode:3", "ode:2", "x0"])
     fi.add_argument("--members", type=int, default=8, help="trajectories per training caption: a GRPO group")

@@ -78,6 +78,26 @@ def test_the_x0_judge_is_the_models_own_clean_image_prediction(tmp_path):
            "R_sde_mean": R_ode.tolist(), "mc_se": [0.0] * (W + 1),
            "judges": {"ode": {"R": R_ode.tolist(), **judge.agreement(R_ode, R_ode)},
                       "x0": {"R": by_hand.tolist(), **judge.agreement(by_hand, R_ode)}}}
-    judge.report_truth(out, str(tmp_path))
-    rows = (tmp_path / "judges_truth.md").read_text().splitlines()[4:]
+    judge.report_truth([out], str(tmp_path))
+    text = (tmp_path / "judges_truth.md").read_text().splitlines()
+    rows = text[4:6]
     assert [r.split(" | ")[0] for r in rows] == ["| ode", "| x0"] and rows[0].split(" | ")[1].startswith("1.00 +- 0.00")
+    # x0 - ode, paired over the same draws of captions: the ODE judge is the truth here, so x0 trails it at s_0
+    diff = [line for line in text if line.startswith("| x0 |")][-1].split(" | ")[1]  # the differences' row
+    x0_corr = judge.agreement(by_hand, R_ode)["corr"][0]  # the ODE judge's own is 1
+    assert diff.startswith(f"{x0_corr - 1:+.2f} +- ") and x0_corr < 1
+
+
+def test_the_mc_judge_approaches_the_laboratorys_truth_as_its_continuations_grow():
+    # the mc:M judge and the laboratory's truth are the same estimator (sampler.continue_naive) with other seeds: with
+    # M = 16 each they agree on average within their Monte-Carlo error, and much closer than a single continuation
+    cfg, pipe, reward_fn, _ = judge.toy_setup()
+    ro, cond, _, reward, _ = judge.toy_trajectories(pipe, cfg, reward_fn, 2, 0.7, seed=5, captions=2)
+    truth, sd = judge.sde_continuations(pipe, ro, cond, cfg, 0.7, 16, 6, reward)  # (n, W+1) each
+    R, one = (judge.judge_rewards(pipe, ro, cond, cfg, reward, spec, seed=5, members=2) for spec in ("mc:16", "mc:1"))
+    assert torch.equal(R[:, -1], truth[:, -1])  # s_W: the trajectory's own image in both
+    d = (R - truth)[:, :-1]  # (n, W) the window states with continuations
+    # the mean difference over the n x W states, against its SE: two independent means of 16 per state
+    se = (2 * sd[:, :-1].square() / 16).mean().div(d.numel()).sqrt()
+    assert d.mean().abs() <= 4 * se, (d.mean(), se)
+    assert d.abs().mean() < 0.5 * (one - truth)[:, :-1].abs().mean()

@@ -227,7 +227,7 @@ def test_counting_55_batched_64_demo_layout(pipe, grid):
 
 
 def test_x0_judge_is_the_rollouts_own_velocity_at_no_extra_call(pipe, grid):
-    ro, cond = _rollout(pipe, grid, w0=1, window=6, completion_steps=S.parse_completion("x0"))
+    ro, cond = _rollout(pipe, grid, w0=1, window=6, completion_steps=S.parse_completion("x0").steps)
     n, sigmas, timesteps = ro.x_T.shape[0], *grid
     assert ro.counter.nfe == T * n and ro.counter.calls == T  # exactly a Flow-GRPO rollout's evaluations
     for k in range(ro.window):  # x0_hat = s_k - sigma_k v(s_k), v computed here by hand, one state at a time
@@ -342,3 +342,67 @@ def test_random_sd35m_has_sd35m_shapes_on_the_meta_device():
     x = torch.zeros(2, 16, 64, 64, device="meta")
     assert models.velocity(pipe.transformer, x, torch.full((2,), 500.0), cond, 4.5).shape == (2, 16, 64, 64)
     assert models.decode(pipe, x).shape == (2, 3, 512, 512)
+
+
+# ------------------------------------------------- the stochastic truth as a judge (docs/method.md, mc:M)
+
+
+def _mc_rollout(pipe, grid, M, *, w0=1, window=6, noise_level=0.7, chunk_size=None, group=3):
+    """The wavefront with the mc:M judge, its conditioning, and its continuations' generators."""
+    cond, gens, x_T = _setup(pipe, ["a red cat", "two dogs"], group)
+    cont = S.continuation_generators(0, 0, [(p, q) for p in range(2) for q in range(group)], M)
+    ro = S.wavefront_rollout(pipe.transformer, cond, x_T, gens, **on(grid), w0=w0, window=window,
+                             noise_level=noise_level, kind="cps", guidance_scale=4.5, continuations=M,
+                             continuation_generators=cont, chunk_size=chunk_size)
+    return ro, cond, cont
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_mc_judges_batched_continuations_equal_its_plain_loop_at_the_documented_cost(pipe, grid, chunk):
+    M, w0, window = 3, 1, 6
+    ro, cond, cont = _mc_rollout(pipe, grid, M, w0=w0, window=window, chunk_size=chunk)
+    n = ro.x_T.shape[0]
+    # evaluations per trajectory: the rollout's T, plus M (T - i - 1) for each window state s_k at grid index
+    # i = w0 + k (its first step is the rollout's velocity): 10 + 3 (8 + 7 + 6 + 5 + 4 + 3) = 109
+    assert ro.counter.nfe == (T + M * sum(T - (w0 + k) - 1 for k in range(window))) * n == 109 * n
+    assert ro.completions.shape[1] == window * M + 1 and ro.continuations == M
+    counter = models.EvalCounter()
+    plain = S.continue_naive(pipe.transformer, ro.states, cond, cont, **on(grid), w0=w0, guidance_scale=4.5,
+                             noise_level=0.7, kind="cps", continuations=M, counter=counter)  # (n, W*M, C, h, w)
+    assert counter.nfe == M * sum(T - (w0 + k) for k in range(window)) * n  # the plain loop recomputes v(s_k)
+    # the same continuations up to the rounding of other batch shapes (the first step's v(s_k) comes from the
+    # rollout's call in the wavefront, from a call of M copies in the loop)
+    torch.testing.assert_close(ro.completions[:, :-1], plain, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ro.completions[:, -1], ro.final, rtol=0, atol=0)
+    # the continuations differ from each other (each its own noise) and their mean is the judge's R_k
+    assert (plain[:, 0] - plain[:, 1]).abs().max() > 1e-2
+    scores = ro.completions.flatten(2).mean(2)  # (n, W*M+1) a stand-in reward: the mean latent value
+    R = S.judge_rewards(scores, M)  # (n, W+1)
+    torch.testing.assert_close(R[:, 2], scores[:, 2 * M:3 * M].mean(1), rtol=0, atol=0)
+    assert torch.equal(R[:, -1], scores[:, -1])
+
+
+def test_mc_judge_without_noise_is_the_ode_judge_and_one_trajectory_replays_alone(pipe, grid):
+    # a = 0: every continuation is the Euler ODE (cps with no noise is the ODE step up to float rounding)
+    ro, cond, _ = _mc_rollout(pipe, grid, 2, noise_level=0.0)
+    ode, _ = _rollout(pipe, grid, w0=1, window=6, noise_level=0.0)
+    for m in range(2):
+        torch.testing.assert_close(ro.completions[:, m:-1:2], ode.completions[:, :-1], rtol=0, atol=1e-5)
+    # a trajectory's continuations come from its own seeds (seed, iteration, prompt, member, k, m): alone, in a
+    # batch of one, it continues the same way
+    full, _, _ = _mc_rollout(pipe, grid, 2, group=3)
+    cond1 = _setup(pipe, ["two dogs"], 1)[0]
+    gens1 = S.make_generators([S.member_seed(0, 0, 1, 0)])  # prompt 1, member 0: row 3 of `full`
+    x_T1 = S.draw_noise(gens1, models.latent_shape(pipe, 16), "cpu")
+    alone = S.wavefront_rollout(pipe.transformer, cond1, x_T1, gens1, **on(grid), w0=1, window=6, noise_level=0.7,
+                                kind="cps", guidance_scale=4.5, continuations=2,
+                                continuation_generators=S.continuation_generators(0, 0, [(1, 0)], 2))
+    torch.testing.assert_close(alone.completions[0], full.completions[3], rtol=0, atol=1e-5)
+
+
+def test_parse_completion_names_every_judge():
+    assert S.parse_completion("ode") == S.Judge() and S.parse_completion("x0") == S.Judge(steps=1)
+    assert S.parse_completion("ode:3") == S.Judge(steps=3) and S.parse_completion("mc:4") == S.Judge(continuations=4)
+    for bad in ("mc:0", "mc", "mc:x", "sde:2"):
+        with pytest.raises(ValueError, match=f"unknown completion '{bad}'"):
+            S.parse_completion(bad)

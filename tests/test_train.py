@@ -59,9 +59,10 @@ def lora_file(out, iteration, sub="lora"):
                                   "pytorch_lora_weights.safetensors"))
 
 
-@pytest.mark.parametrize("completion,per_trajectory", [("x0", 10), ("ode:2", 19)])
+@pytest.mark.parametrize("completion,per_trajectory", [("x0", 10), ("ode:2", 19), ("mc:2", 100)])
 def test_a_cheaper_judge_trains_at_its_cost(tmp_path, completion, per_trajectory):
-    # T = 10, W = 9: x0 adds no evaluation to the rollout's 10; ode:2 adds one per window state (its second step)
+    # T = 10, W = 9: x0 adds no evaluation to the rollout's 10; ode:2 adds one per window state (its second step);
+    # mc:2 twice the full ODE judge's 45 (each continuation's first step is the rollout's velocity)
     _, out = run(tmp_path, "--completion", completion)
     history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [h["cost/evals_per_trajectory"] for h in history] == [per_trajectory] * 2
