@@ -67,6 +67,9 @@ class Config:
                                 "M continuations by the training sampler: the stochastic truth, M times the ODE "
                                 "judge's cost); docs/method.md, 'Cheaper judges', 'The stochastic truth as a judge'")
     noise_level: float = _f(0.7, "a, the noise level of the stochastic step")
+    judge_audit: int = _f(0, "every this many iterations, the judge audit: the judge's R_k of one prompt group against "
+                             "the stochastic truth, judge/* metrics (0 = off; audit.py, docs/metrics.md)")
+    audit_continuations: int = _f(16, "M, continuations per window state of the audit's truth")
     window: int = _f(9, "W, number of SDE (trained) steps")
     window_start: int = _f(0, "w0, first SDE step; -1 draws it per iteration in [0, T - W]")
     # groups and batches (Algorithm 1)
@@ -144,13 +147,15 @@ PRESETS = {
                     eval_prompts="dataset/geneval/test_metadata.jsonl", output_dir="runs/geneval"),
     # The toy world (toyworld.py): 32 px shapes, a graded colour + count reward, a ~0.6M-parameter pixel-space SD3
     # pretrained partly on captions that misname the colour (it draws the asked one about half the time). Sized for
-    # 2 CPU cores: about 3.5 minutes on an idle machine.
+    # 2 CPU cores: about 3.5 minutes on an idle machine. The judge audit runs every 10 iterations with 8
+    # continuations per window state (audit.py; about a tenth of the run's time).
     # T = 6 with a 5-step window from step 0 is the paper's FLUX.1-dev schedule; the held-out evaluation is the
     # one the checkpoint ships values for (toyworld.HELDOUT_SETTINGS: 1024 images, fixed noise). lr and the ratio
     # clip are TP-GRPO's choice on the validation split (`python -m lab.compare report grid`, lab/reports/grid.md)
     "tiny": dict(toyworld.HELDOUT_SETTINGS, model=TOY_MODEL, prompts="toy:train", steps=toyworld.STEPS,
                  guidance=1.0, window=5, group_size=8, prompts_per_iter=4, sample_batch=32, train_batch=16,
-                 lr=3e-3, lora_rank=8, lora_alpha=16, mixed_precision="no", reward_batch=64,
+                 lr=3e-3, lora_rank=8, lora_alpha=16, mixed_precision="no", reward_batch=64, judge_audit=10,
+                 audit_continuations=8,
                  iterations=30, eval_every=0, save_every=0, output_dir="runs/tiny",
                  beta=0.0, clip_range=1e-5, ema_decay=0.0, report_to="tensorboard"),
 }
@@ -246,6 +251,8 @@ RANGES = (
     ("guidance", _at_least(0), "<= 1 turns CFG off"),
     ("eval_guidance", _at_least(0), "<= 1 turns CFG off"),
     ("noise_level", _at_least(0), "0 makes every step the deterministic ODE step"),
+    ("judge_audit", _at_least(0), "0 = off"),
+    ("audit_continuations", _at_least(2), "the truth's standard error needs two"),
     ("window", _at_least(1), "the SDE steps that are trained"),
     ("window_start", _at_least(-1), "a grid index, or -1 to draw it per iteration"),
     ("group_size", _at_least(2), "GRPO's advantage compares a prompt's trajectories with each other"),

@@ -180,6 +180,20 @@ def log_grid(accelerator, grid, step: int):
             tracker.log_images({"eval/samples": [grid]}, step)
 
 
+def decode_and_score(pipe, reward_fn, latents: torch.Tensor, prompts: list[str], metadata: list[dict], batch: int):
+    """Decode and score latents (M, C, h, w) in chunks of `batch`: total (M,) and components {name: (M,)}, on the
+    CPU in float32 (training's rewards of completions, the judge audit's continuations)."""
+    totals, parts = [], {}
+    for start in range(0, latents.shape[0], batch):
+        sl = slice(start, start + batch)
+        images = models.decode(pipe, latents[sl])  # (m, 3, H, W) in [0, 1]
+        total, comps = reward_fn(images, prompts[sl], metadata[sl])
+        totals.append(total.float().cpu())
+        for name, v in comps.items():
+            parts.setdefault(name, []).append(v.float().cpu())
+    return torch.cat(totals), {name: torch.cat(v) for name, v in parts.items()}  # (M,), {name: (M,)}
+
+
 def summarize(values: dict) -> dict:
     """{metric: (M,) per-image values} -> {metric: mean, metric_std: population std, metric_se: SE of the mean},
     over the images with a value: NaN marks none, and a metric with any gets metric_failed, their count."""

@@ -288,22 +288,26 @@ def complete_naive(transformer, ro: Rollout, cond: Cond, guidance_scale: float, 
 def continue_naive(transformer, states: torch.Tensor, cond: Cond, generators, *, w0: int, sigmas: torch.Tensor,
                    timesteps: torch.Tensor, guidance_scale: float, noise_level: float, kind: str, continuations: int,
                    counter: EvalCounter | None = None) -> torch.Tensor:
-    """The mc:M judge's completions, one window state at a time: from each s_k (k < W) of `states` (n, W+1, C, h,
-    w), M continuations by the training sampler itself, the stochastic step (`kind`, noise level a) through the
-    window's last step and the Euler ODE after it, continuation m's noise from its own generator
-    (`generators(k)`: M x n, m-major, `continuation_generators`). Returns (n, W*M, C, h, w), s_k's M finals at
-    columns k*M .. k*M + M - 1 (the layout of Rollout.completions)."""
+    """The mc:M judge's completions, one window state at a time: each s_k (k < W) of `states` (n, W+1, C, h, w)
+    continued M times by the training sampler itself (`grid_step`: the stochastic step (`kind`, noise level a)
+    through the window's last grid index, the Euler ODE after it), continuation m's noise from its own generator
+    (`generators(k)`: M x n, m-major, `continuation_generators`). The M continuations of s_k share their first
+    velocity, v(s_k). Returns (n, W*M, C, h, w), s_k's M finals at columns k*M .. k*M + M - 1 (the layout of
+    Rollout.completions)."""
     n, W, M = states.shape[0], states.shape[1] - 1, continuations
+    rows = torch.arange(n, device=cond.embeds.device).repeat(M)  # (M*n,) each copy's prompt row
     finals = []
     for k in range(W):
-        i = w0 + k  # s_k sits at grid index w0 + k; the window's W - k steps left are stochastic
-        x = states[:, k].repeat(M, *[1] * (states.dim() - 2))  # (M*n, C, h, w): M blocks of the n states
-        cont = rollout(transformer, cond.rows(torch.arange(n, device=cond.embeds.device).repeat(M)), x, generators(k),
-                       sigmas=sigmas[i:], timesteps=timesteps[i:], w0=0, window=W - k, noise_level=noise_level,
-                       kind=kind, guidance_scale=guidance_scale)
-        if counter is not None:
-            counter.nfe, counter.calls = counter.nfe + cont.counter.nfe, counter.calls + cont.counter.calls
-        finals.append(cont.final.unflatten(0, (M, n)).transpose(0, 1))  # (n, M, C, h, w)
+        gens = generators(k)
+        x = states[:, k].float()  # (n, C, h, w) s_k, at grid index w0 + k
+        for i in range(w0 + k, len(timesteps)):
+            v = velocity(transformer, x, timesteps[i].expand(x.shape[0]), cond if i == w0 + k else cond.rows(rows),
+                         guidance_scale, counter=counter)  # (n or M*n, C, h, w)
+            if i == w0 + k:  # the M copies of s_k start from its one velocity
+                x, v = (y.repeat(M, *[1] * (y.dim() - 1)) for y in (x, v))  # (M*n, C, h, w) each
+            x, _ = grid_step(x, v, i, gens, sigmas=sigmas, w0=w0, window=W, noise_level=noise_level,
+                             kind=kind)  # (M*n, C, h, w)
+        finals.append(x.unflatten(0, (M, n)).transpose(0, 1))  # (n, M, C, h, w)
     return torch.cat(finals, 1)  # (n, W*M, C, h, w)
 
 

@@ -17,7 +17,8 @@ each a function with its paper reference, then logging:
   4. update_policy Flow-GRPO's clipped surrogate + KL to the adapter-disabled model on the window steps, gradients
                    accumulated over the W steps and micro-batches of an update, then one optimizer step and the EMA,
                    `updates_per_iter` times;
-  5. iteration_log, the held-out evaluation (evaluate.HeldOut), save_checkpoint (checkpoint.py).
+  5. iteration_log, the judge audit when due (audit.py), the held-out evaluation (evaluate.HeldOut),
+     save_checkpoint (checkpoint.py).
 
 Run:
   python train.py --task tiny                                # CPU, the toy world (toyworld.py), a few minutes
@@ -56,6 +57,7 @@ import rewards
 import sampler as S
 import turning_points as tp
 from checkpoint import Progress, find_checkpoint, load_checkpoint, register_trainable_only_hooks, save_checkpoint
+from audit import JudgeAudit
 from config import Config
 from policy import EMA, UpdateStats, WindowStepLoss, add_lora, compiled_policy, reference_policy
 
@@ -83,6 +85,7 @@ class Run:
     reward_fn: object  # rewards.load_rewards: (images, prompts, metadata) -> (total (M,), {name: (M,)})
     train_set: tuple[list[str], list[dict]]  # (prompts, metadata)
     heldout: evaluate.HeldOut  # heldout(tag, iteration): the held-out evaluation, its summary to log
+    audit: JudgeAudit  # audit(it, samples, R_all): the judge against the stochastic truth when due, its metrics
     sigmas: torch.Tensor  # (T+1,) the sigma grid
     timesteps: torch.Tensor  # (T,) the transformer's timestep inputs
     shape: tuple[int, ...]  # one latent: (C, h, w), or FLUX's packed (h/2 * w/2, 4C)
@@ -131,6 +134,7 @@ def main(cfg: Config) -> dict:
         t2 = time.perf_counter()
         # 3. per-step rewards with turning points, per-timestep advantages
         R_all, kept, detected, adv = assign_credit(acc, R_mine, run.mine, cfg)
+        audited = run.audit(it, samples, R_all)  # every --judge-audit iterations: the judge against the truth
         t3 = time.perf_counter()
         train_stats = update_policy(run, samples, adv, it)  # 4. clipped surrogate + KL, optimizer steps, EMA
         timer = {"sample": t1 - t0, "reward": t2 - t1, "train": time.perf_counter() - t3}
@@ -139,6 +143,7 @@ def main(cfg: Config) -> dict:
 
         # 5. log, evaluate, save
         log = iteration_log(run, R_all, kept, detected, finals=finals, train_stats=train_stats, nfe=nfe, timer=timer)
+        log.update(audited)
         done = run.progress.iteration
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.iterations:
             log.update(run.heldout(f"iter{done:06d}", done))
@@ -218,12 +223,15 @@ def setup(cfg: Config) -> Run:
     # (T+1,), (T,); FLUX's shift depends on the image size, so the grid needs the latent shape
     sigmas, timesteps = models.sigma_grid(pipe.scheduler, cfg.steps, shape)
     sampling_policy = compiled_policy(policy, cfg) if cfg.compile else policy  # --compile: for sampling only
+    mine = torch.arange(accelerator.process_index, N, P)  # (n,)
     heldout = evaluate.HeldOut(cfg=cfg, accelerator=accelerator, pipe=pipe, reward_fn=reward_fn, prompts=eval_set[0],
                                metadata=eval_set[1], transformer=sampling_policy, ema=ema)
+    audit = JudgeAudit(cfg=cfg, accelerator=accelerator, pipe=pipe, reward_fn=reward_fn, transformer=sampling_policy,
+                       mine=mine)
     run = Run(cfg=cfg, accelerator=accelerator, pipe=pipe, policy=policy, sampling_policy=sampling_policy,
               ddp_policy=ddp_policy, step_loss=step_loss, optimizer=optimizer, params=params, ema=ema,
-              reward_fn=reward_fn, train_set=train_set, heldout=heldout, sigmas=sigmas, timesteps=timesteps,
-              shape=shape, N=N, mine=torch.arange(accelerator.process_index, N, P))  # (n,)
+              reward_fn=reward_fn, train_set=train_set, heldout=heldout, audit=audit, sigmas=sigmas,
+              timesteps=timesteps, shape=shape, N=N, mine=mine)
     if resume_from:
         load_checkpoint(accelerator, ema, run.progress, resume_from)
     if accelerator.is_main_process:
@@ -285,27 +293,16 @@ def score(run: Run, samples: Samples) -> tuple[torch.Tensor, dict[str, float]]:
         # (b*(W*M+1), C, h, w) every completion (M of each state for mc:M, else 1), or (b, C, h, w) the final images
         latents = ro.completions.flatten(0, 1) if ro.completions is not None else ro.final
         reps = latents.shape[0] // m
-        total, parts = decode_and_score(run, latents, [p for p in samples.prompts[b0:b0 + m] for _ in range(reps)],
-                                        [d for d in samples.metadata[b0:b0 + m] for _ in range(reps)])
+        total, parts = evaluate.decode_and_score(run.pipe, run.reward_fn, latents,
+                                                 [p for p in samples.prompts[b0:b0 + m] for _ in range(reps)],
+                                                 [d for d in samples.metadata[b0:b0 + m] for _ in range(reps)],
+                                                 run.cfg.reward_batch)
         scores = total.reshape(m, reps)  # (b, W*M+1) or (b, 1)
         R.append(S.judge_rewards(scores, ro.continuations) if ro.completions is not None else scores)  # (b, W+1)
         for name, v in parts.items():
             finals.setdefault(name, []).append(v.reshape(m, reps)[:, -1])  # (b,) the final image's
     finals = {name: collectives.gather(run.accelerator, torch.cat(v)).mean().item() for name, v in finals.items()}
     return torch.cat(R).to(run.accelerator.device), finals  # (n, W+1) or (n, 1)
-
-
-def decode_and_score(run: Run, latents: torch.Tensor, prompts: list[str], metadata: list[dict]):
-    """Decode and score latents (M, C, h, w) in chunks of reward_batch: total (M,) and components {name: (M,)}."""
-    totals, parts = [], {}
-    for start in range(0, latents.shape[0], run.cfg.reward_batch):
-        sl = slice(start, start + run.cfg.reward_batch)
-        images = models.decode(run.pipe, latents[sl])  # (m, 3, H', W') in [0, 1]
-        total, comps = run.reward_fn(images, prompts[sl], metadata[sl])
-        totals.append(total.float().cpu())
-        for name, v in comps.items():
-            parts.setdefault(name, []).append(v.float().cpu())
-    return torch.cat(totals), {name: torch.cat(v) for name, v in parts.items()}  # (M,), {name: (M,)}
 
 
 def assign_credit(accelerator, R_mine: torch.Tensor, mine: torch.Tensor, cfg: Config):
@@ -449,6 +446,8 @@ def finish(run: Run, summaries: dict, history_path: str) -> None:
             change, se = summaries["after"]["eval/change"], summaries["after"]["eval/change_se"]
             acc.print(f"held-out change {change:+.4f} +- {se:.4f} (paired SE over {run.cfg.eval_samples} images) = "
                       f"{change / max(se, 1e-12):+.1f} SE")
+        if run.audit.history:
+            acc.print(run.audit.summary())
     # every process reaches here before any tears its gloo/NCCL group down (a lone destroy can hang or abort)
     acc.wait_for_everyone()
     acc.end_training()

@@ -77,22 +77,24 @@ class Variant:
     eval_every: int = PRESET["eval_every"]
     completion: str = "ode"  # the paper's judge; docs/method.md, 'Cheaper judges'
     reward: str = "toy"  # the programmatic score, or "toyscore" (REWARDS)
+    audit: int = 0  # --judge-audit: every this many iterations (0: off, pinned for the experiments before it existed)
 
     @property
     def name(self) -> str:
         """Every axis written out: 'tp-grpo_lr0.003_clip0.0001_a0.7_W5_it30' (+ '_ev20' with evaluations on the
-        way, + '_ode2' / '_x0' with a cheaper judge, + '_toyscore' trained on ToyScore)."""
+        way, + '_ode2' / '_x0' / '_mc4' with another judge, + '_toyscore' trained on ToyScore, + '_audit10' with the
+        judge audit)."""
         return (f"{self.method}_lr{self.lr:g}_clip{self.clip_range:g}_a{self.noise_level:g}_W{self.window}"
                 f"_it{self.iterations}" + (f"_ev{self.eval_every}" if self.eval_every else "")
                 + (f"_{self.completion.replace(':', '')}" if self.completion != "ode" else "")
-                + (f"_{self.reward}" if self.reward != "toy" else ""))
+                + (f"_{self.reward}" if self.reward != "toy" else "") + (f"_audit{self.audit}" if self.audit else ""))
 
     def flags(self) -> list[str]:
         """The train.py flags of this variant (the preset gives the rest)."""
         axes = dataclasses.asdict(self)
         judge = [] if self.completion == "ode" else ["--completion", self.completion]
         return [*METHODS[self.method], *[a for k, f in FLAGS.items() for a in (f, f"{axes[k]:g}")], *judge,
-                *REWARDS[self.reward]]
+                *REWARDS[self.reward], "--judge-audit", str(self.audit)]
 
 
 @dataclass(frozen=True)

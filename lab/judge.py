@@ -8,8 +8,9 @@ draws what the judge sees.
                                  # lab/results/judge/ode_vs_sde.json, lab/reports/{judge.md, judge.png}
   python -m lab.judge measure --rewards toyscore:1 --noise 0.7   # the same under the learned ToyScore
                                  # (lab/toyscore.py): ode_vs_sde_toyscore.json, judge_toyscore.{md,png}
-  python -m lab.judge truth      # every judge (ode, ode:K, x0) against the same SDE truth at a = 0.7:
-                                 # lab/results/judge/judges_vs_sde.json, lab/reports/judges_truth.md
+  python -m lab.judge truth --members 4 --seed 1 2 3   # every judge (ode, ode:K, x0, mc:M) against the same
+                                 # SDE truth at a = 0.7, one judges_vs_sde_4x_seed<S>.json per seed in
+                                 # lab/results/judge, lab/reports/judges_truth.md (differences between judges too)
   python -m lab.judge fidelity   # the cheaper judges (--completion ode:K, x0) against the full ODE judge:
                                  # lab/results/judge/fidelity.json, lab/reports/{fidelity.md}
   python -m lab.judge figures    # docs/turning_points.png and docs/filmstrip.png (the README's pictures)
@@ -188,10 +189,8 @@ def judge_rewards(pipe, ro, cond, cfg, reward, spec: str, *, seed: int = 0, memb
 
 
 def truth(args) -> list[dict]:
-    """Every judge against the stochastic truth at one noise level, for each of `args.seed`: `measure`'s
-    trajectories, window states and SDE continuations (its seeds), each judge's R_k of those states
-    (`judge_rewards`), and its `agreement` with the mean of the continuations; one result file per seed and members
-    (judges_vs_sde_<members>x_seed<seed>.json), one report over them (judges_truth.md)."""
+    """Every judge's R_k (`judge_rewards`) against the stochastic truth (`measure`'s continuations) at one noise
+    level, and its `agreement`: a result file per seed (judges_vs_sde_<members>x_seed<seed>.json), one report."""
     paths = [os.path.join(args.results, "judge", f"judges_vs_sde_{args.members}x_seed{seed}.json")
              for seed in args.seed]
     if args.report:
@@ -218,8 +217,7 @@ def truth(args) -> list[dict]:
 
 
 def centred(R: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    """R (n, W+1) less each caption's mean over its trajectories: the differences within a group, what GRPO's
-    advantages compare."""
+    """R (n, W+1) less each caption's mean over its trajectories: what GRPO's advantages compare."""
     means = torch.zeros(int(group.max()) + 1, R.shape[1], dtype=R.dtype).index_add_(0, group, R)  # (c, W+1)
     return R - (means / torch.bincount(group)[:, None])[group]
 

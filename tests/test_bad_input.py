@@ -51,7 +51,8 @@ def test_bad_prompts_and_model(tmp_path, capsys):
 # every numeric field of Config: a value just outside its range, and the nearest value inside it (on a grid of T = 1
 # steps with a window of 1, where every edge fits)
 EDGES = {"resolution": (0, 1), "steps": (0, 1), "eval_steps": (0, 1), "guidance": (-0.5, 0.0),
-         "eval_guidance": (-0.5, 0.0), "noise_level": (-0.1, 0.0), "window": (0, 1), "window_start": (-2, -1),
+         "eval_guidance": (-0.5, 0.0), "noise_level": (-0.1, 0.0), "judge_audit": (-1, 0),
+         "audit_continuations": (1, 2), "window": (0, 1), "window_start": (-2, -1),
          "group_size": (1, 2), "prompts_per_iter": (0, 1), "sample_batch": (0, 1), "train_batch": (0, 1),
          "updates_per_iter": (0, 1), "lr": (0.0, 1e-12), "adam_beta1": (1.0, 0.0), "adam_beta2": (-0.1, 0.999999),
          "weight_decay": (-1e-4, 0.0), "adam_eps": (0.0, 1e-30), "max_grad_norm": (0.0, 1e-9),

@@ -47,6 +47,12 @@ def test_a_variant_names_every_axis_and_trains_with_exactly_those_settings():
     judged = C.Variant("tp-grpo", completion="ode:2")
     assert judged.name.endswith("_it30_ode2") and C.Variant("tp-grpo").name.endswith("_it30")
     assert config.parse_config(["--task", "tiny", *judged.flags()]).completion == "ode:2"
+    # the judge audit (on in the tiny preset since it exists) stays off for every variant that does not ask for it,
+    # so the experiments from before it reproduce; one that does names it
+    assert cfg.judge_audit == 0 and config.parse_config(["--task", "tiny"]).judge_audit == 10
+    audited = C.Variant("tp-grpo", completion="mc:4", audit=10)
+    assert audited.name.endswith("_it30_mc4_audit10")
+    assert config.parse_config(["--task", "tiny", *audited.flags()]).judge_audit == 10
     # the default variant is the tiny preset as the laboratory pinned it before the grid chose TP-GRPO's lr and
     # clip (the preset now has those), every other axis unchanged
     preset = config.parse_config(["--task", "tiny"])

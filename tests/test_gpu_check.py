@@ -38,6 +38,13 @@ def test_dry_run_measures_every_item_and_writes_the_tables(dry_run):
     assert [(r["iteration"], r["evals_per_trajectory"]) for r in runs.values()] == [(2, 10), (2, 4), (1, 4)]
     assert all(r[k] > 0 for r in runs.values() for k in ("sample", "reward", "train"))
     assert items["train_runs"]["tp_over_flow"] > 0 and math.isfinite(items["train_runs"]["evaluate"]["reward"])
+    # T = 10, W = 9 at bench's defaults: mc:1 costs the ODE judge's 55 evaluations per trajectory, mc:4 10 + 4 x 45;
+    # the audit (T = 4, W = 3, G = 2, 8 continuations): 2 x (8 x (3 + 2 + 1) + 3) = 102 of its own, beside the
+    # iteration's 4 x 10 (TP-GRPO's 10 per trajectory)
+    judged = {r["phase"]: r["nfe"] for r in items["judges"]["rows"]}
+    assert judged == {"c": 55, "c:x0": 10, "c:mc:1": 55, "c:mc:4": 190}
+    audit = items["judges"]["audit"]
+    assert (audit["judge/evals"], audit["cost/transformer_evals"]) == (102, 40) and audit["time/audit_s"] > 0
     table = (out / "gpu_check.md").read_text()
     assert all(f"### {name}" in table for name in gpu_check.ITEMS) and "| tp-grpo (iteration 2) |" in table
 

@@ -369,9 +369,9 @@ def test_mc_judges_batched_continuations_equal_its_plain_loop_at_the_documented_
     counter = models.EvalCounter()
     plain = S.continue_naive(pipe.transformer, ro.states, cond, cont, **on(grid), w0=w0, guidance_scale=4.5,
                              noise_level=0.7, kind="cps", continuations=M, counter=counter)  # (n, W*M, C, h, w)
-    assert counter.nfe == M * sum(T - (w0 + k) for k in range(window)) * n  # the plain loop recomputes v(s_k)
-    # the same continuations up to the rounding of other batch shapes (the first step's v(s_k) comes from the
-    # rollout's call in the wavefront, from a call of M copies in the loop)
+    assert counter.nfe == (M * sum(T - (w0 + k) - 1 for k in range(window)) + window) * n  # + v(s_k) once each
+    # the same continuations up to the rounding of other batch shapes (the wavefront's calls stack the rollout and
+    # every branch at a grid index, the loop's one state's M copies)
     torch.testing.assert_close(ro.completions[:, :-1], plain, rtol=0, atol=1e-5)
     torch.testing.assert_close(ro.completions[:, -1], ro.final, rtol=0, atol=0)
     # the continuations differ from each other (each its own noise) and their mean is the judge's R_k

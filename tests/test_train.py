@@ -103,6 +103,26 @@ def _adapted(transformer) -> set[str]:
     return {name for name, m in transformer.named_modules() if isinstance(m, LoraLayer)}
 
 
+@pytest.mark.parametrize("algo", ["tp-grpo", "flow-grpo"])
+def test_the_judge_audit_changes_nothing_else_in_the_run(tmp_path, algo):
+    _, off = run(tmp_path, "--algo", algo, "--judge-audit", "0", name="off")
+    _, on = run(tmp_path, "--algo", algo, "--judge-audit", "1", "--audit-continuations", "3", name="on")
+    h_off, h_on = ([json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))] for out in (off, on))
+    for a, b in zip(h_off, h_on):
+        audit = {k for k in b if k.startswith("judge/") or k == "time/audit_s"}
+        assert audit and not any(k.startswith("judge/") for k in a)
+        assert {k: v for k, v in a.items() if not k.startswith("time/")} == \
+            {k: v for k, v in b.items() if not k.startswith("time/") and k not in audit}
+        # one group of G = 4: 3 continuations of each of 9 states (9 + 8 + ... + 1 steps after the shared first
+        # velocity), + the 9 first velocities; Flow-GRPO's audit also ODE-completes the states itself (9 + ... + 1)
+        assert b["judge/evals"] == 4 * (3 * 45 + 9 + (45 + 9 if algo == "flow-grpo" else 0))
+    for tag in ("before", "after"):
+        evaluations = [json.load(open(os.path.join(out, f"eval_{tag}.json"))) for out in (off, on)]
+        assert evaluations[0] == evaluations[1]
+    a, b = lora_file(off, 2), lora_file(on, 2)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_lora_targets_are_the_demo_codes_191_joint_attention_projections_on_sd35m():
     with torch.device("meta"):  # SD3.5-M's 2.2B parameters as shapes only
         transformer = SD3Transformer2DModel(**models.SD35M_TRANSFORMER)
@@ -242,9 +262,11 @@ def test_two_processes_train_in_sync(tmp_path):
     # G = 3 members strided over 2 processes: one holds 2 members of the constant prompt's group, the other 1, so
     # the zero-advantage filter masks 2 of one process's 3 micro-batches and 1 of the other's; both must still
     # run the same backward passes, or DDP hangs
+    # the judge audit on at every iteration: its group's members sit on both processes, which gather and agree
     proc = _launch_two([os.path.join(ROOT, "tests", "train_worker.py"), *FAST, "--rewards", "half_constant:1",
                         "--prompts", str(prompts), "--group-size", "3", "--sample-batch", "3", "--train-batch", "1",
-                        "--updates-per-iter", "1", "--output-dir", out])
+                        "--updates-per-iter", "1", "--judge-audit", "1", "--audit-continuations", "2",
+                        "--output-dir", out])
     assert proc.returncode == 0, proc.stderr[-3000:]
     # DDP keeps every process's weights identical by construction: each process's trained LoRA, bit for bit
     ranks = [load_file(os.path.join(out, f"trained_rank{r}.safetensors")) for r in (0, 1)]
@@ -253,6 +275,8 @@ def test_two_processes_train_in_sync(tmp_path):
     history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(history) == 2 and history[0]["cost/transformer_evals"] == 55 * 6  # both processes counted
     assert [h["train/zero_adv_frac"] for h in history] == [0.5, 0.5]
+    # both processes' continuations counted: 3 members x (2 x (9 + 8 + ... + 1) + 9 first velocities) = 297
+    assert [h["judge/evals"] for h in history] == [297, 297] and all("judge/resolved" in h for h in history)
     assert all(h["train/first_ratio_dev"] <= ON_POLICY for h in history)  # sampling batch 3, training batch 1
     # evaluate.py on that checkpoint, also on two processes (5 images: one process pads its share), scored by the
     # smooth `brightness` (tests/train_worker.py) to be compared with one process below

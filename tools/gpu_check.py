@@ -16,7 +16,10 @@ transformer', 'Real runs (FLUX.1-dev)' and 'DeepSpeed' show their tables):
   4. deepspeed_zero2 when deepspeed is importable: tp-grpo's first iteration again, launched with
                     configs/deepspeed_zero2.yaml on one process, its LoRA compared with the plain launch's
                     (LORA_TOLERANCE says what precision allows and why), the dtype of the LoRA weights it trains,
-                    its seconds.
+                    its seconds;
+  5. judges         SD3.5-M's shapes: the wavefront with the judges x0, mc:1 and mc:4 beside the ODE judge
+                    (bench.py's (c)), and one training iteration with the judge audit on (--judge-audit 1, 8
+                    continuations): the audit's seconds and evaluations against the iteration's.
 An item that fails is recorded with its error and the next one runs (a GPU slot is too scarce to lose to one bug);
 the exit status is then 1.
 
@@ -49,7 +52,7 @@ import bench
 import evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ITEMS = ("sd35m_compile", "flux_dev", "train_runs", "deepspeed_zero2")
+ITEMS = ("sd35m_compile", "flux_dev", "train_runs", "deepspeed_zero2", "judges")
 PHASE_KEYS = ("sample", "reward", "train")  # train.py's time/<phase>_s: sampling, decode + reward, training
 # What the DeepSpeed launch's LoRA after one iteration may differ from the plain launch's (item 4):
 #   float32 (the dry run): the same arithmetic in another order (flattened buffers, another clip-norm reduction);
@@ -134,6 +137,19 @@ def deepspeed_zero2(args) -> dict:
         first = json.loads(open(os.path.join(folder, "metrics.jsonl")).readline())
         seconds[name] = {k: first[f"time/{k}_s"] for k in PHASE_KEYS}
     return {**result, "first_iteration_s": seconds, "deepspeed_version": importlib.metadata.version("deepspeed")}
+
+
+def judges(args) -> dict:
+    """Item 5: the judges' cost at SD3.5-M's shapes (bench.py's (c) for each; dry run: the tiny SD3), and one
+    iteration of train.py with the judge audit on: its seconds and transformer evaluations beside the iteration's."""
+    size = ["--size", "tiny", "--batches", "2"] if args.dry_run else \
+        ["--size", "random-sd35m", "--device", "cuda", "--dtype", "bf16", "--batches", "8"]
+    rows = bench.main([*size, "--phases", "c", "--judges", "x0,mc:1,mc:4", "--repeats", "1"])
+    out = os.path.join(args.out, "audit")
+    peak = run_train([*train_argv(args, "tp-grpo", out, 1), "--judge-audit", "1", "--audit-continuations", "8"])
+    first = json.loads(open(os.path.join(out, "metrics.jsonl")).readline())
+    keys = ("time/audit_s", "judge/evals", "cost/transformer_evals", *(f"time/{k}_s" for k in PHASE_KEYS))
+    return {"rows": _rows(rows), "audit": {k: first[k] for k in keys}, "audit_peak_gib": peak}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -276,6 +292,15 @@ def markdown(report: dict) -> str:
                               f"{item['cos_b']:.4f}", f"{item['norm_b']:+.3g}", item["tolerance"],
                               item["within_tolerance"],
                               f"{sum(secs['plain'].values()):.2f} s / {sum(secs['deepspeed'].values()):.2f} s"]])
+        elif name == "judges":
+            a = item["audit"]
+            lines += _table(["phase", "batch", "nfe/traj", "calls", "seconds", "TFLOP"],
+                            [[r["layout"], r["batch"], _c(r["nfe"], ".0f"), _c(r["calls"], "d"), f"{r['seconds']:.3f}",
+                              f"{r['flops'] / 1e12:.4g}"] for r in item["rows"]])
+            lines += ["", f"judge audit (one group, 8 continuations per window state): {a['time/audit_s']:.1f} s and "
+                      f"{a['judge/evals']} evaluations, beside the iteration's "
+                      f"{sum(a[f'time/{k}_s'] for k in PHASE_KEYS):.1f} s and {a['cost/transformer_evals']} "
+                      f"evaluations; peak {_c(item['audit_peak_gib'], '.1f', ' GiB')}"]
         lines.append("")
     return "\n".join(lines)
 
