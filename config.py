@@ -117,6 +117,8 @@ class Config:
     iterations: int = _f(2000, "training iterations")
     eval_every: int = _f(50, "evaluate every this many iterations (0 = only before and after)")
     eval_samples: int = _f(64, "evaluation images (prompts cycled, seeds fixed)")
+    eval_subset: int = _f(0, "at the evaluations on the way (--eval-every) only the first this many of them (0 = "
+                             "all): the same images as before training, so the change stays paired")
     eval_seed: int = _f(2_000_003, "evaluation noise: image i starts from the noise seeded (eval_seed, i), the "
                                    "same for every checkpoint (the toy world's validation split has its own)")
     save_every: int = _f(50, "checkpoint every this many iterations (0 = only at the end)")
@@ -280,6 +282,7 @@ RANGES = (
     ("iterations", _at_least(1), ""),
     ("eval_every", _at_least(0), "0 = only before and after training"),
     ("eval_samples", _at_least(1), ""),
+    ("eval_subset", _at_least(0), "0 = every evaluation image"),
     ("eval_seed", _at_least(0), ""),
     ("save_every", _at_least(0), "0 = only at the end"),
     ("seed", _at_least(0), ""),

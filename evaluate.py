@@ -113,8 +113,11 @@ class HeldOut:
         self.pipe.transformer.eval()
         if self.ema is not None:
             self.ema.swap()  # the EMA weights are the ones evaluated (docs/method.md, 'SD3.5-Medium hyperparameters')
-        # before training, the toy checkpoint's shipped values stand in when its first images agree
-        result = (self.shipped() if tag == "before" else None) or self.images(cfg.eval_samples)
+        # before training, the toy checkpoint's shipped values stand in when its first images agree; on the way, the
+        # first --eval-subset images may stand for all
+        on_the_way = tag not in ("before", "after") and 0 < cfg.eval_subset < cfg.eval_samples
+        result = (self.shipped() if tag == "before" else None) or self.images(
+            cfg.eval_subset if on_the_way else cfg.eval_samples)
         if self.ema is not None:
             self.ema.swap()
         self.values[tag] = result["values"]
@@ -150,12 +153,13 @@ class HeldOut:
         return None
 
     def changes(self, tag: str) -> dict[str, float]:
-        """The paired change of the reward against "before" (the same images), and of every reward of weight 0
-        (reported, not trained on: the gold beside a learned proxy, `--rewards toyscore:1,toy:0`), eval/<name>_change;
-        {} before training or at "before" itself."""
+        """The paired change of the reward against "before" (the same images: its first ones, on the way with
+        --eval-subset), and of every reward of weight 0 (reported, not trained on: the gold beside a learned proxy,
+        `--rewards toyscore:1,toy:0`), eval/<name>_change; {} before training or at "before" itself."""
         if "before" not in self.values or tag == "before":
             return {}
-        before, now = self.values["before"], self.values[tag]
+        now = self.values[tag]
+        before = {k: v[:len(now["reward"])] for k, v in self.values["before"].items()}
         out = dict(zip(("eval/change", "eval/change_se"), paired_change(before["reward"], now["reward"])))
         for name in [k for k, w in config.parse_weights(self.cfg.rewards).items() if w == 0]:
             out.update(zip((f"eval/{name}_change", f"eval/{name}_change_se"), paired_change(before[name], now[name])))

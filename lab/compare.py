@@ -26,7 +26,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from lab import report, sweep
+from lab import figures, report, sweep
 from lab.sweep import finished, load_experiment, mean_score
 
 LAB = os.path.dirname(os.path.abspath(__file__))
@@ -78,6 +78,7 @@ class Variant:
     completion: str = "ode"  # the paper's judge; docs/method.md, 'Cheaper judges'
     reward: str = "toy"  # the programmatic score, or "toyscore" (REWARDS)
     audit: int = 0  # --judge-audit: every this many iterations (0: off, pinned for the experiments before it existed)
+    eval_subset: int = 0  # --eval-subset: the evaluations on the way score only the first this many images (0: all)
 
     @property
     def name(self) -> str:
@@ -87,14 +88,16 @@ class Variant:
         return (f"{self.method}_lr{self.lr:g}_clip{self.clip_range:g}_a{self.noise_level:g}_W{self.window}"
                 f"_it{self.iterations}" + (f"_ev{self.eval_every}" if self.eval_every else "")
                 + (f"_{self.completion.replace(':', '')}" if self.completion != "ode" else "")
-                + (f"_{self.reward}" if self.reward != "toy" else "") + (f"_audit{self.audit}" if self.audit else ""))
+                + (f"_{self.reward}" if self.reward != "toy" else "") + (f"_audit{self.audit}" if self.audit else "")
+                + (f"_sub{self.eval_subset}" if self.eval_subset else ""))
 
     def flags(self) -> list[str]:
         """The train.py flags of this variant (the preset gives the rest)."""
         axes = dataclasses.asdict(self)
         judge = [] if self.completion == "ode" else ["--completion", self.completion]
         return [*METHODS[self.method], *[a for k, f in FLAGS.items() for a in (f, f"{axes[k]:g}")], *judge,
-                *REWARDS[self.reward], "--judge-audit", str(self.audit)]
+                *REWARDS[self.reward], "--judge-audit", str(self.audit),
+                *(["--eval-subset", str(self.eval_subset)] if self.eval_subset else [])]
 
 
 @dataclass(frozen=True)
@@ -183,8 +186,38 @@ def _headline(results: str) -> dict[str, Variant]:
 
 
 def _headline_seconds(results: str) -> dict[str, Variant]:
-    """The headline's variants for 10 iterations without evaluations on the way: their seconds per iteration."""
-    return {label: dataclasses.replace(v, iterations=10, eval_every=0) for label, v in _headline(results).items()}
+    """The headline's variants, and TP-GRPO with the judges mc:1 and mc:4 (the judge round's), for 10 iterations
+    without evaluations on the way: their seconds per iteration."""
+    truer = {f"tp-grpo {c}": dataclasses.replace(chosen(results, "tp-grpo"), completion=c) for c in ("mc:1", "mc:4")}
+    return {label: dataclasses.replace(v, iterations=10, eval_every=0)
+            for label, v in {**_headline(results), **truer}.items()}
+
+
+# The replication round and the judge round (lab/README.md, 'The replication round and the judge round'), run
+# together: disjoint fresh seeds, every run the same way (an evaluation every 10 iterations on the first 256
+# held-out images, all 1024 before and after; the judge audit every 10)
+ROUND = dict(eval_every=10, eval_subset=256, audit=10)
+REPLICATION_SEEDS, JUDGE_ROUND_SEEDS = tuple(range(40, 52)), tuple(range(30, 36))
+REPLICATION = (("tp-grpo x0", "flow-grpo"), ("incremental x0", "flow-grpo"), ("incremental x0", "tp-grpo x0"))
+EQUIVALENCE = ("incremental x0", "tp-grpo x0", 0.05)  # A, B, margin: two one-sided tests at 5% each (90% interval)
+JUDGE_ROUND = (("tp-grpo mc:4", "tp-grpo ode"), ("tp-grpo mc:1", "tp-grpo ode"), ("tp-grpo x0", "tp-grpo ode"),
+               ("tp-grpo ode", "flow-grpo"), ("tp-grpo mc:4", "flow-grpo"))
+JUDGE_ROUND_POINT = 50  # the pre-registered intermediate evaluation point of the judge round
+
+
+def _replication(results: str) -> dict[str, Variant]:
+    """Flow-GRPO, and TP-GRPO and incremental with the one-step judge x0, at their chosen settings, 150 iterations."""
+    return {label: dataclasses.replace(chosen(results, m), completion=c, iterations=150, **ROUND)
+            for label, m, c in (("flow-grpo", "flow-grpo", "ode"), ("tp-grpo x0", "tp-grpo", "x0"),
+                                ("incremental x0", "incremental", "x0"))}
+
+
+def _judge_round(results: str) -> dict[str, Variant]:
+    """TP-GRPO (strict) with the judges ode, x0, mc:1 and mc:4, and Flow-GRPO, at the fair comparison's settings, 100
+    iterations."""
+    judged = {f"tp-grpo {c}": dataclasses.replace(chosen(results, "tp-grpo"), completion=c, iterations=100, **ROUND)
+              for c in ("ode", "x0", "mc:1", "mc:4")}
+    return {**judged, "flow-grpo": dataclasses.replace(chosen(results, "flow-grpo"), iterations=100, **ROUND)}
 
 
 def toyscore_star(results: str, method: str) -> list[Variant]:
@@ -254,9 +287,15 @@ EXPERIMENTS = {e.name: e for e in [
     Experiment("headline", "100 iterations at the chosen settings with a held-out evaluation every 20: the paper's "
                "sample-efficiency claim, and the cheap judge x0 at Flow-GRPO's transformer cost", "heldout",
                SIX_SEEDS, _headline, contrasts=HEADLINE, fresh=FRESH_SEEDS),
-    Experiment("headline-seconds", "the headline's variants for 10 iterations, one run at a time with nothing else "
-               "on the machine: seconds per iteration of sampling + rewards + training, the headline's calibrated "
-               "seconds axis", "validation", (0,), _headline_seconds, alone=True),
+    Experiment("headline-seconds", "the headline's variants and TP-GRPO with mc:1 and mc:4 for 10 iterations, one "
+               "run at a time with nothing else on the machine: seconds per iteration of sampling + rewards + "
+               "training, the calibrated seconds axis", "validation", (0, 1, 2), _headline_seconds, alone=True),
+    Experiment("replication", "the recommendation replicated: Flow-GRPO, TP-GRPO x0 and incremental x0 on twelve fresh "
+               "seeds, 150 iterations, a held-out evaluation every 10 (first 256 images), the judge audit on",
+               "heldout", REPLICATION_SEEDS, _replication, contrasts=REPLICATION),
+    Experiment("judge-round", "is a truer judge worth its cost: TP-GRPO with ode, x0, mc:1, mc:4 and Flow-GRPO, six "
+               "fresh seeds, 100 iterations, a held-out evaluation every 10 (first 256 images), the judge audit on",
+               "heldout", JUDGE_ROUND_SEEDS, _judge_round, contrasts=JUDGE_ROUND),
     Experiment("noise", "the noise level a in {0.4, 0.7, 1.0} at the chosen settings (the paper's Table of a)",
                "heldout", REPORT_SEEDS, lambda results: {f"{m} a={a:g}": v for a in (0.4, 0.7, 1.0) for m, v in
                                                          _at_choice(ALL, noise_level=a)(results).items()},
@@ -307,10 +346,20 @@ def run(names: list[str], results: str, runs: str, jobs: int = 1) -> None:
 # 3. Reports: a table and curves for any experiment, the grid's matrix, the headline's cost to reach a score
 # ----------------------------------------------------------------------------------------------------------------
 
-def seconds_alone(results: str) -> dict[str, float]:
-    """{headline label: seconds per iteration measured alone} from `headline-seconds`, or {} before it has run."""
+def seconds_alone(results: str) -> dict[tuple[str, str], dict]:
+    """{(method, judge): {"median": seconds per iteration measured alone over every run of `headline-seconds`,
+    "per_run": each run's}} ({} before it has run): what an iteration of that method and judge costs."""
     runs = load_experiment(results, EXPERIMENTS["headline-seconds"])
-    return {label: report.seconds_per_iteration(seeds) for label, (_, seeds) in runs.items()}
+    return {(v.method, v.completion): {"median": report.seconds_per_iteration(seeds),
+                                       "per_run": [report.seconds_per_iteration([r]) for r in seeds]}
+            for v, seeds in runs.values()}
+
+
+def calibrated(results: str, runs: dict) -> dict[str, float] | None:
+    """{label: seconds per iteration alone} for the experiment's runs (`seconds_alone`, by method and judge)."""
+    alone = seconds_alone(results)
+    return {label: alone[v.method, v.completion]["median"] for label, (v, _) in runs.items()
+            if (v.method, v.completion) in alone}
 
 
 def write_reports(names: list[str], results: str, reports: str) -> str:
@@ -321,7 +370,8 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
         exp = EXPERIMENTS[name]
         runs = load_experiment(results, exp)
         if not runs:
-            raise SystemExit(f"error: no finished runs of '{name}' under {results}; run `python -m lab.compare run {name}`")
+            raise SystemExit(f"error: no finished runs of '{name}' under {results}; "
+                             f"run `python -m lab.compare run {name}`")
         parts = [f"### {name}: {exp.doc}", "", f"Split: {exp.split}; seeds {', '.join(map(str, exp.seeds))}.", ""]
         if name == "grid":
             parts += [report.grid_table(runs, GRID_METHODS, len(GRID_SEEDS)), ""]
@@ -337,10 +387,19 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
             if any(v.eval_every for v, _ in runs.values()):
                 parts += [report.evals_table(runs, metric), "",
                           report.evals_contrast_table(runs, exp.contrasts, metric), ""]
-        alone = seconds_alone(results) if name == "headline" else None
+        alone = calibrated(results, runs) if name in ("headline", "replication", "judge-round") else None
         if alone is not None:
             parts += [report.reach_table(runs, "eval", alone=alone), "", report.reach_table(runs, "train", alone=alone),
                       ""]
+        if name == "headline-seconds":
+            parts += [report.seconds_table(runs), ""]
+        if name == "toyscore-clip":
+            parts += ["#### The clip check (pre-registered: the late loss on the gold, pooled)", "",
+                      report.clip_check_table(runs, TOYSCORE_CLIP[:2]), ""]
+        if name == "replication":
+            parts += [report.equivalence_line(runs, *EQUIVALENCE), ""]
+        if name == "judge-round":
+            parts += [report.audit_table(runs), ""]
         if len(exp.metrics) > 1 and any(v.eval_every for v, _ in runs.values()):
             parts += ["#### Over-optimisation: the proxy and the gold between evaluation points", "",
                       report.drift_table(runs), ""]
@@ -353,13 +412,13 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
         with open(os.path.join(reports, f"{name}.md"), "w") as f:
             f.write(text + "\n")
         if name == "grid":
-            report.grid_figure(runs, GRID_METHODS, os.path.join(reports, "grid.png"))
+            figures.grid_figure(runs, GRID_METHODS, os.path.join(reports, "grid.png"))
         elif exp.axis:
-            report.axis_figure(runs, exp.axis, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
+            figures.axis_figure(runs, exp.axis, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
         elif len(exp.metrics) > 1 and any(v.eval_every for v, _ in runs.values()):
-            report.proxy_gold_figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
+            figures.proxy_gold_figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
         else:
-            report.figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}", alone=alone)
+            figures.figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}", alone=alone)
         texts.append(text)
     print("\n\n".join(texts))
     return "\n\n".join(texts)

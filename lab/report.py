@@ -1,5 +1,5 @@
-"""The laboratory's numbers and pictures (lab/compare.py's reports): over finished runs of one experiment, the score
-change with its standard error over seeds and its paired standard error over the evaluation images, the
+"""The laboratory's numbers (lab/compare.py's reports; the pictures are lab/figures.py's): over finished runs of one
+experiment, the score change with its standard error over seeds and its paired standard error over the images, the
 differences between methods (seed-paired, with a t interval: lab/stats.py), the grid's matrix, the evaluations along
 the way and what each method spends to reach Flow-GRPO's best score (with a bootstrap that draws the same seeds for
 every method), the ablations' change against a or W, and curves against iterations, transformer evaluations and
@@ -19,12 +19,9 @@ from __future__ import annotations
 import math
 
 import torch
-from matplotlib.figure import Figure
 
-from lab.stats import crossing, direction, format_difference, nearest_rank, paired_difference, ratio_interval
-
-COLORS = {"flow-grpo": "tab:gray", "tp-grpo": "tab:red", "tp-grpo-base": "tab:orange", "incremental": "tab:blue"}
-
+from lab.stats import (crossing, direction, equivalence, format_difference, nearest_rank, paired_difference,
+                       ratio_interval)
 
 def _se(x: torch.Tensor) -> torch.Tensor:
     """Standard error over seeds (dim 0); 0 for a single seed."""
@@ -67,20 +64,27 @@ def seconds_per_iteration(seeds: list[dict], warm_up: int = 1) -> float:
 
 
 def _evals(seeds: list[dict], metric: str = "reward") -> tuple[torch.Tensor, torch.Tensor]:
-    """Every evaluation point of the runs (before, on the way, after): iterations (E,) and scores (S, E)."""
+    """Every evaluation point of the runs (before, on the way, after): iterations (E,) and scores (S, E). Where the
+    points scored different numbers of images (--eval-subset on the way), every score is the mean over the images
+    all of them scored, the first ones."""
     def at(tag, r):
         return 0 if tag == "before" else r["evals"][tag]["iteration"]
     tags = sorted(seeds[0]["evals"], key=lambda t: at(t, seeds[0]))
     its = torch.tensor([at(t, seeds[0]) for t in tags])  # (E,)
-    return its, torch.tensor([[r["evals"][t][f"eval/{metric}"] for t in tags] for r in seeds])  # (S, E)
+    scored = {len(r["evals"][t].get("per_image", {}).get(metric, ())) for r in seeds for t in tags}  # images
+    if len(scored) == 1:  # every point scored the same images: its summary
+        return its, torch.tensor([[r["evals"][t][f"eval/{metric}"] for t in tags] for r in seeds])  # (S, E)
+    m = min(scored)
+    return its, torch.tensor([[r["evals"][t]["per_image"][metric][:m] for t in tags] for r in seeds]).mean(2)
 
 
 def change_stats(seeds: list[dict], metric: str = "reward", tag: str = "after") -> dict:
     """The score change `tag` - before: its mean and SE over seeds, its paired SE over images (the seed-averaged
     change of every image: what another draw of evaluation images could move it), and the change of each seed
     ({seed: change}, what a difference between methods pairs)."""
-    before = torch.tensor([r["evals"]["before"]["per_image"][metric] for r in seeds])  # (S, M)
     after = torch.tensor([r["evals"][tag]["per_image"][metric] for r in seeds])  # (S, M)
+    # the same images before (its first M: an evaluation on the way may score only those, --eval-subset)
+    before = torch.tensor([r["evals"]["before"]["per_image"][metric][:after.shape[1]] for r in seeds])  # (S, M)
     change = (after - before).mean(1)  # (S,)
     d = (after - before).mean(0)  # (M,)
     return {"before": before.mean().item(), "after": after.mean().item(), "after_se": _se(after.mean(1)[:, None])[0],
@@ -266,6 +270,84 @@ def reach_table(runs: dict, kind: str = "eval", samples: int = 1000, alone: dict
     return "\n".join(lines)
 
 
+def seconds_table(runs: dict) -> str:
+    """Each variant's seconds per iteration measured alone: the median over all its runs' iterations after the first
+    (`seconds_per_iteration`), each run's own median beside it (their spread), and the phases' medians."""
+    lines = ["| variant | seconds per iteration (median) | each run's | sampling / rewards / training |",
+             "|---|---|---|---|"]
+    for label, (_, seeds) in runs.items():
+        phases = [_curve(seeds, f"time/{k}_s")[:, 1:].median().item() for k in ("sample", "reward", "train")]
+        lines.append(f"| {label} | {seconds_per_iteration(seeds):.2f} | "
+                     + ", ".join(f"{seconds_per_iteration([r]):.2f}" for r in seeds) + " | "
+                     + " / ".join(f"{x:.2f}" for x in phases) + " |")
+    return "\n".join(lines)
+
+
+def equivalence_line(runs: dict, a: str, b: str, margin: float, metric: str = "reward") -> str:
+    """The pre-registered equivalence test of A and B's change after training (`stats.equivalence`)."""
+    if a not in runs or b not in runs:
+        return ""
+    e = equivalence(*(change_stats(runs[x][1], metric)["per_seed"] for x in (a, b)), margin)
+    return (f"Equivalence of {a} and {b} after training (two one-sided tests at 5% each against +-{margin}): "
+            f"{a} - {b} = {format_difference(e)}: " + ("equivalent" if e["equivalent"] else "not shown equivalent")
+            + f" (the 90% interval {'lies' if e['equivalent'] else 'does not lie'} inside +-{margin}).")
+
+
+def audit_table(runs: dict) -> str:
+    """The judge audit over training: for each variant, the judge's within-group correlation with the stochastic
+    truth at s_0 (judge/corr_0) and the sign agreement of resolved d_k (judge/sign_agree) at every audit, mean +-
+    SE over seeds (a seed whose audit left a statistic out, nothing to count, is left out of that cell)."""
+    its = sorted({row["iteration"] for _, seeds in runs.values() for r in seeds for row in r["rows"]
+                  if "judge/resolved" in row})
+    lines = ["| variant | statistic | " + " | ".join(f"iteration {i}" for i in its) + " |",
+             "|---|---|" + "---|" * len(its)]
+    for label, (_, seeds) in runs.items():
+        for key, name in (("judge/corr_0", "correlation at s_0"), ("judge/sign_agree", "sign agreement")):
+            cells = []
+            for i in its:
+                x = torch.tensor([row[key] for r in seeds for row in r["rows"] if row["iteration"] == i and key in row])
+                cells.append(f"{x.mean():.2f} +- {_se(x[:, None])[0]:.2f}" if x.numel() else "-")
+            lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def late_loss(seeds: list[dict], metric: str = "toy") -> dict[int, float]:
+    """{seed: the run's best score over its evaluation points after training began minus its last}: what a run
+    lost after its peak (0 for a run still at its best)."""
+    its, scores = _evals(seeds, metric)  # (E,), (S, E)
+    return {seed_of(r): (s[its > 0].max() - s[-1]).item() for r, s in zip(seeds, scores)}
+
+
+def late_drops(seeds: list[dict], metric: str = "reward", start: int = 60, threshold: float = 0.03) -> int:
+    """How many runs' score falls by more than `threshold` within a stretch between evaluation points that starts
+    at iteration `start` or later (the clip check's late-drop rule)."""
+    its, scores = _evals(seeds, metric)  # (E,), (S, E)
+    falls = (scores[:, :-1] - scores[:, 1:])[:, its[:-1] >= start]  # (S, stretches from `start` on)
+    return int((falls > threshold).any(1).sum())
+
+
+def clip_check_table(runs: dict, pairs: tuple) -> str:
+    """The clip check (lab/README.md, 'The clip check'): for each (clip 1e-5, clip 1e-4) pair of labels, the late
+    drops at each clip and the late loss (`late_loss`) clip 1e-5 minus clip 1e-4, seed-paired, on the gold and
+    the proxy; then the same pooled over the pairs (each (pair, seed) one paired difference)."""
+    lines = ["| method | late drops (proxy), clip 1e-5 / 1e-4 | late loss, 1e-5 - 1e-4: gold (primary) | proxy |",
+             "|---|---|---|---|"]
+    pooled = {metric: ({}, {}) for metric in ("toy", "reward")}
+    for i, (a, b) in enumerate(p for p in pairs if p[0] in runs and p[1] in runs):
+        cells = [a.split(" clip")[0], f"{late_drops(runs[a][1])} of {len(runs[a][1])} / "
+                                      f"{late_drops(runs[b][1])} of {len(runs[b][1])}"]
+        for metric, (pa, pb) in pooled.items():
+            la, lb = late_loss(runs[a][1], metric), late_loss(runs[b][1], metric)
+            cells.append(format_difference(paired_difference(la, lb)))
+            pa.update({(i, s): x for s, x in la.items()})
+            pb.update({(i, s): x for s, x in lb.items()})
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(lines) > 3:
+        cells = [format_difference(paired_difference(pa, pb)) for pa, pb in pooled.values()]
+        lines.append(f"| pooled ({len(pooled['toy'][0])} pairs) | - | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def drift_table(runs: dict, proxy: str = "reward", gold: str = "toy") -> str:
     """Over-optimisation: for each variant and each stretch between consecutive evaluation points, how the proxy
     (the trained reward) and the gold moved, each the mean over seeds of the per-seed change with its paired t
@@ -286,69 +368,6 @@ def drift_table(runs: dict, proxy: str = "reward", gold: str = "toy") -> str:
             lines.append(f"| {label} | {int(its[e - 1])}-{int(its[e])} | {format_difference(cp)} | "
                          f"{format_difference(cg)} | {reading} |")
     return "\n".join(lines)
-
-
-def proxy_gold_figure(runs: dict, path: str, title: str, proxy: str = "reward", gold: str = "toy") -> None:
-    """The held-out proxy and gold at every evaluation point against iterations, +- SE over seeds, a panel each;
-    each seed's own curve faint behind its mean (a drop of one seed, a collapse, shows as itself)."""
-    fig = Figure(figsize=(10, 3.8), dpi=110)
-    axes = fig.subplots(1, 2)
-    styles = ["-", "--", ":", "-."]
-    for ax, (metric, name) in zip(axes, [(proxy, "proxy: the trained reward (ToyScore / 26)"),
-                                         (gold, "gold: the programmatic score")]):
-        seen = {}
-        for label, (v, seeds) in runs.items():
-            style = styles[seen.get(v.method, 0) % len(styles)]
-            seen[v.method] = seen.get(v.method, 0) + 1
-            its, scores = _evals(seeds, metric)  # (E,), (S, E)
-            ax.plot(its, scores.T, style, color=COLORS[v.method], lw=0.7, alpha=0.3)
-            ax.errorbar(its, scores.mean(0), yerr=_se(scores), fmt="o" + style, color=COLORS[v.method], capsize=3,
-                        ms=4, label=f"{label} ({len(seeds)} seeds)")
-        ax.set_xlabel("iteration")
-        ax.set_title(name, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{title}\nheld-out evaluation, +- SE over seeds; faint: each seed", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-
-
-def figure(runs: dict, path: str, title: str, alone: dict | None = None) -> None:
-    """Training reward (5-iteration mean) and the evaluations (before, on the way, after), each +- SE over seeds,
-    against iterations, transformer evaluations and wall seconds: as the runs measured them, or, given `alone`
-    ({label: seconds per iteration measured alone} for every variant), iterations x those calibrated seconds."""
-    fig = Figure(figsize=(14, 3.8), dpi=110)
-    axes = fig.subplots(1, 3, sharey=True)
-    styles = ["-", "--", ":", "-."]
-    calibrated = bool(alone) and all(label in alone for label in runs)
-    seconds_label = ("seconds alone, calibrated (iterations x seconds per iteration)" if calibrated
-                     else "seconds (sampling + rewards + training)")
-    for ax, (xkey, xlabel) in zip(axes, [("iteration", "iteration"), ("evaluations", "transformer evaluations"),
-                                         ("seconds", seconds_label)]):
-        seen = {}  # variants of each method drawn so far: the next one takes the next line style
-        for label, (v, seeds) in runs.items():
-            color, style = COLORS[v.method], styles[seen.get(v.method, 0) % len(styles)]
-            seen[v.method] = seen.get(v.method, 0) + 1
-            x = _costs(seeds)[xkey]
-            x = x.mean(0) if x.ndim == 2 else x  # (I+1,): seconds averaged over seeds
-            if xkey == "seconds" and calibrated:
-                x = _costs(seeds)["iteration"] * alone[label]  # (I+1,)
-            y = _smooth(_curve(seeds, "reward/mean"))  # (S, I)
-            m, se = y.mean(0), _se(y)
-            ax.plot(x[1:], m, style, color=color, lw=1, alpha=0.8, label=f"{label} ({len(seeds)} seeds)")
-            ax.fill_between(x[1:], m - se, m + se, color=color, alpha=0.15)
-            its, scores = _evals(seeds)  # (E,), (S, E)
-            ax.errorbar(x[its], scores.mean(0), yerr=_se(scores), fmt="o" + style, color=color, capsize=3, ms=4,
-                        lw=1.5)
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3)
-    learned = any(v.reward == "toyscore" for v, _ in runs.values())
-    axes[0].set_ylabel("proxy: ToyScore / 26 (the trained reward)" if learned else "toy score")
-    axes[0].legend(fontsize=6)
-    fig.suptitle(f"{title}\nthin lines: training reward (5-iteration mean); dots: evaluation score; +- SE over seeds",
-                 fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
 
 
 AXES = {"noise_level": ("a", "noise level a"), "window": ("W", "SDE window W")}  # the ablations' axes: symbol, name
@@ -377,46 +396,3 @@ def axis_table(runs: dict, axis: str) -> str:
                 cells.append("-")
         lines.append(f"| tp-grpo minus {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _change_figure(series: list, xlabel: str, ylabel: str, title: str, path: str, log: bool = False) -> None:
-    """Change +- SE over seeds against one axis: `series` is [(label, method, line style, [(x, change_stats)])]."""
-    fig = Figure(figsize=(6.5, 4), dpi=110)
-    ax = fig.subplots()
-    for label, m, style, points in series:
-        ax.errorbar([p[0] for p in points], [p[1]["change"] for p in points], [p[1]["change_se"] for p in points],
-                    fmt="o" + style, color=COLORS[m], capsize=3, label=label)
-    ax.axhline(0, color="black", lw=0.5)
-    if log:
-        ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-
-
-def grid_figure(runs: dict, methods: tuple, path: str) -> None:
-    """The grid: validation change against lr, a line per (method, ratio clip), +- SE over seeds."""
-    series = []
-    for (m, clip), style in zip([(m, c) for m in methods for c in sorted({v.clip_range for v, _ in
-                                                                                runs.values()})], ["-", "--"] * 8):
-        points = sorted((v.lr, change_stats(seeds)) for v, seeds in runs.values() if (v.method, v.clip_range) ==
-                        (m, clip))
-        if points:
-            series.append((f"{m}, clip {clip:g}", m, style, points))
-    _change_figure(series, "learning rate", "validation change after 30 iterations",
-                   "grid: +- SE over seeds (one seed: no bar)", path, log=True)
-
-
-def axis_figure(runs: dict, axis: str, path: str, title: str) -> None:
-    """An ablation: held-out change against the axis, a line per method, +- SE over seeds; the methods' points
-    are set slightly apart along the axis so that their error bars do not hide each other."""
-    methods = list(dict.fromkeys(v.method for v, _ in runs.values()))
-    step = 0.015 * (max(getattr(v, axis) for v, _ in runs.values()) - min(getattr(v, axis) for v, _ in runs.values()))
-    series = [(m, m, "-", sorted((getattr(v, axis) + (i - (len(methods) - 1) / 2) * step, change_stats(seeds))
-                                 for v, seeds in runs.values() if v.method == m)) for i, m in enumerate(methods)]
-    _change_figure(series, AXES[axis][1], "held-out change",
-                   f"{title}\n+- SE over seeds", path)

@@ -56,15 +56,24 @@ def paired_difference(a: dict[int, float], b: dict[int, float], level: float = 0
     mean = d.mean().item() if n else math.nan
     se = (d.std() / math.sqrt(n)).item() if n > 1 else math.nan
     half = t_quantile((1 + level) / 2, n - 1) * se if n > 1 else math.nan
-    return {"n": n, "df": n - 1, "mean": mean, "se": se, "lo": mean - half, "hi": mean + half,
+    return {"n": n, "df": n - 1, "mean": mean, "se": se, "lo": mean - half, "hi": mean + half, "level": level,
             "resolved": n > 1 and (mean - half > 0 or mean + half < 0)}
+
+
+def equivalence(a: dict, b: dict, margin: float) -> dict:
+    """Two one-sided tests of A - B against +-margin at 5% each, seed-paired: equivalent when the 90% t interval
+    of the paired difference lies inside (-margin, +margin) (the interval that holds 0 says only "not resolved";
+    this says "no larger than the margin")."""
+    c = paired_difference(a, b, level=0.90)
+    return c | {"margin": margin, "equivalent": c["n"] > 1 and -margin < c["lo"] and c["hi"] < margin}
 
 
 def format_difference(c: dict) -> str:
     """'+0.029 +- 0.041 (95%: -0.076 to +0.134, 5 df)': the mean, its paired SE and its t interval."""
     if c["n"] < 2:
         return "-" if c["n"] == 0 else f"{c['mean']:+.3f} (1 seed: no interval)"
-    return f"{c['mean']:+.3f} +- {c['se']:.3f} (95%: {c['lo']:+.3f} to {c['hi']:+.3f}, {c['df']} df)"
+    return (f"{c['mean']:+.3f} +- {c['se']:.3f} ({100 * c.get('level', 0.95):.0f}%: {c['lo']:+.3f} to {c['hi']:+.3f}, "
+            f"{c['df']} df)")
 
 
 def nearest_rank(values: torch.Tensor, q: float) -> float:

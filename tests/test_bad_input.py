@@ -59,7 +59,8 @@ EDGES = {"resolution": (0, 1), "steps": (0, 1), "eval_steps": (0, 1), "guidance"
          "clip_range": (0.0, 1e-9), "beta": (-1e-4, 0.0), "adv_clip": (0.0, 1e-3), "lora_rank": (-1, 0),
          "lora_alpha": (0, 1), "ema_decay": (1.0, 0.0), "ema_every": (0, 1), "max_sequence_length": (0, 1),
          "chunk_size": (-1, 0), "compile_rows": (-1, 0), "reward_batch": (0, 1), "iterations": (0, 1),
-         "eval_every": (-1, 0), "eval_samples": (0, 1), "eval_seed": (-1, 0), "save_every": (-1, 0),
+         "eval_every": (-1, 0), "eval_samples": (0, 1), "eval_subset": (-1, 0), "eval_seed": (-1, 0),
+         "save_every": (-1, 0),
          "seed": (-1, 0)}
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lab import compare as C
-from lab import report, stats, sweep
+from lab import figures, report, stats, sweep
 from test_compare import write_result
 
 
@@ -203,10 +203,10 @@ def test_the_figure_puts_calibrated_seconds_on_its_third_axis_only_when_every_va
         write_result(results, "heldout", v, 0, [0.1], [0.6], rewards=(0.5,) * 4)
         runs[label] = (v, [sweep.load_result(results, "heldout", v, 0)])
     saved = []
-    monkeypatch.setattr(report.Figure, "savefig", lambda fig, path: saved.append(fig))
+    monkeypatch.setattr(figures.Figure, "savefig", lambda fig, path: saved.append(fig))
 
     def seconds_of_the_training_curves(alone):  # the x of each variant's training-reward line on the third axis
-        report.figure(runs, str(tmp_path / "f.png"), "test", alone=alone)
+        figures.figure(runs, str(tmp_path / "f.png"), "test", alone=alone)
         third = saved.pop().axes[2]
         return third.get_xlabel(), [list(line.get_xdata()) for line in third.lines
                                        if not line.get_label().startswith("_")]  # the errorbars' lines are unlabelled
@@ -235,9 +235,12 @@ def test_the_headline_seconds_run_alone_at_the_headline_settings(tmp_path, monke
     C.run(["headline-seconds"], str(tmp_path), str(tmp_path / "runs"), jobs=2)
     (todo, split, jobs), = waves
     headline = C.EXPERIMENTS["headline"].variants(str(tmp_path))
-    assert jobs == 1 and split == "validation" and [s for _, s in todo] == [0] * 5
-    assert [v for v, _ in todo] == [dataclasses.replace(v, iterations=10, eval_every=0) for v in headline.values()]
-    assert set(C.seconds_alone(str(tmp_path))) == set(headline)
+    truer = [C.Variant("tp-grpo", lr=3e-3, clip_range=1e-5, completion=c) for c in ("mc:1", "mc:4")]
+    timed = [dataclasses.replace(v, iterations=10, eval_every=0) for v in [*headline.values(), *truer]]
+    # three alone-runs of each, one at a time, seed-major (a sweep cut short still times every variant)
+    assert jobs == 1 and split == "validation" and todo == [(v, s) for s in (0, 1, 2) for v in timed]
+    alone = C.seconds_alone(str(tmp_path))
+    assert set(alone) == {(v.method, v.completion) for v in timed} and all(len(a["per_run"]) == 3 for a in alone.values())
 
 
 def test_the_drift_table_flags_a_proxy_that_rises_while_the_gold_falls(tmp_path):
@@ -261,7 +264,7 @@ def test_the_drift_table_flags_a_proxy_that_rises_while_the_gold_falls(tmp_path)
     # the gold's 20-40 stretch of "hacks", by hand: per-seed changes -0.10, -0.12, -0.11
     gold = stats.paired_difference({0: 0.40, 1: 0.38, 2: 0.39}, {0: 0.5, 1: 0.5, 2: 0.5})
     assert rows[1][3] == stats.format_difference(gold) and gold["hi"] < 0
-    report.proxy_gold_figure(runs, str(tmp_path / "pg.png"), "test")
+    figures.proxy_gold_figure(runs, str(tmp_path / "pg.png"), "test")
     assert (tmp_path / "pg.png").stat().st_size > 0
 
 
@@ -280,3 +283,55 @@ def test_an_experiment_with_a_gold_metric_reports_gold_then_proxy_and_their_drif
     changes = [cells[9] for cells in (line.split(" | ") for line in text.splitlines()) if cells[0] == "| tp" and len(cells) == 16]
     assert changes == ["+0.210 +- 0.010", "+0.420 +- 0.020"]
     assert (tmp_path / "reports" / "t.png").exists()
+
+
+def test_evaluations_of_a_subset_on_the_way_are_read_on_the_images_every_point_scored():
+    # --eval-subset 2: the evaluation at iteration 10 scored the first 2 of the 4 images; before and after all 4
+    def point(it, values):
+        return {"iteration": it, "eval/reward": sum(values) / len(values), "per_image": {"reward": values}}
+    seeds = [{"argv": ["--seed", str(s)], "rows": [],
+              "evals": {"before": point(0, [0.1, 0.2, 0.3, 0.4]), "iter000010": point(10, [0.5 + s, 0.6]),
+                        "after": point(20, [0.7, 0.8, 0.9, 1.0])}} for s in (0, 1)]
+    its, scores = report._evals(seeds)
+    assert its.tolist() == [0, 10, 20]
+    # every point on the first two images: (0.1 + 0.2) / 2, (0.5 + s + 0.6) / 2, (0.7 + 0.8) / 2
+    torch.testing.assert_close(scores, torch.tensor([[0.15, 0.55, 0.75], [0.15, 1.05, 0.75]]))
+    # the change at iteration 10 pairs its two images with the same two before training: seed s, 0.4 + s / 2
+    on_the_way = report.change_stats(seeds, tag="iter000010")
+    assert on_the_way["per_seed"] == pytest.approx({0: 0.4, 1: 0.9})
+    assert report.change_stats(seeds)["per_seed"] == pytest.approx({0: 0.6, 1: 0.6})  # after: all four
+
+
+def test_equivalence_is_two_one_sided_tests_at_the_margin():
+    # d = (0.01, 0.02, 0.03, 0.02): mean 0.02, sd 0.00816, SE 0.00408; t(0.95, 3) = 2.353: 90% 0.0104 to 0.0296
+    a, b = {s: x for s, x in enumerate((0.51, 0.52, 0.53, 0.52))}, {s: 0.5 for s in range(4)}
+    e = stats.equivalence(a, b, margin=0.05)
+    assert e["lo"] == pytest.approx(0.02 - 2.3534 * 0.0040825, abs=1e-5) and e["level"] == 0.90
+    assert e["equivalent"] and e["resolved"]  # inside +-0.05, and apart from 0: both can hold at once
+    assert not stats.equivalence(a, b, margin=0.025)["equivalent"]  # the upper end 0.0296 passes 0.025
+    assert stats.format_difference(e).startswith("+0.020 +- 0.004 (90%: +0.010 to +0.030, 3 df)")
+
+
+def test_the_clip_check_counts_late_drops_and_pairs_the_late_loss_pooled_over_methods():
+    def run(seed, proxy, gold):  # scores at iterations 0 (before), 20, ..., 100
+        evals = {("before" if it == 0 else "after" if it == 100 else f"iter{it:06d}"):
+                 {"iteration": it, "eval/reward": p, "eval/toy": g, "per_image": {"reward": [p], "toy": [g]}}
+                 for it, p, g in zip(range(0, 101, 20), proxy, gold)}
+        return {"argv": ["--seed", str(seed)], "rows": [], "evals": evals}
+    steady = [0.1, 0.2, 0.3, 0.35, 0.36, 0.37]
+    fall = [0.1, 0.2, 0.3, 0.35, 0.36, 0.30]  # the proxy falls by 0.06 in 80-100: a late drop
+    runs = {"a clip 1e-5": (None, [run(0, steady, [0.4, 0.5, 0.7, 0.7, 0.7, 0.7]), run(1, steady, [0.4] * 6)]),
+            "a clip 1e-4": (None, [run(0, fall, [0.4, 0.5, 0.7, 0.6, 0.5, 0.4]), run(1, steady, [0.4] * 5 + [0.3])]),
+            "b clip 1e-5": (None, [run(0, steady, [0.4, 0.6, 0.6, 0.6, 0.6, 0.5]), run(1, fall, [0.4] * 6)]),
+            "b clip 1e-4": (None, [run(0, fall, [0.4, 0.6, 0.6, 0.6, 0.6, 0.3]), run(1, fall, [0.4] * 6)])}
+    assert report.late_drops(runs["a clip 1e-4"][1]) == 1 and report.late_drops(runs["b clip 1e-4"][1]) == 2
+    # gold late loss (best after training began - last): a: 1e-5 (0, 0), 1e-4 (0.3, 0.1); b: 1e-5 (0.1, 0),
+    # 1e-4 (0.3, 0)
+    assert report.late_loss(runs["a clip 1e-4"][1]) == pytest.approx({0: 0.3, 1: 0.1})
+    table = report.clip_check_table(runs, (("a clip 1e-5", "a clip 1e-4"), ("b clip 1e-5", "b clip 1e-4")))
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert rows[0][:2] == ["| a", "0 of 2 / 1 of 2"] and rows[1][:2] == ["| b", "1 of 2 / 2 of 2"]
+    # a: d = (-0.3, -0.1), mean -0.2, SE 0.1; b: d = (-0.2, 0), mean -0.1; pooled: the four, mean -0.15
+    assert rows[0][2].startswith("-0.200 +- 0.100") and rows[1][2].startswith("-0.100 +- 0.100")
+    d = torch.tensor([-0.3, -0.1, -0.2, 0.0], dtype=torch.float64)
+    assert rows[2][0] == "| pooled (4 pairs)" and rows[2][2].startswith(f"-0.150 +- {d.std().item() / 2:.3f}")

@@ -123,6 +123,16 @@ def test_the_judge_audit_changes_nothing_else_in_the_run(tmp_path, algo):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_an_evaluation_on_the_way_may_score_the_first_images_alone_paired_with_them_before(tmp_path):
+    _, out = run(tmp_path, "--eval-every", "1", "--eval-subset", "3", "--rewards", "brightness:1")
+    before, on_the_way, after = (json.load(open(os.path.join(out, f"eval_{tag}.json")))
+                                 for tag in ("before", "iter000001", "after"))
+    assert [len(e["per_image"]["reward"]) for e in (before, on_the_way, after)] == [8, 3, 8]
+    d = torch.tensor(on_the_way["per_image"]["reward"]) - torch.tensor(before["per_image"]["reward"][:3])  # (3,)
+    assert on_the_way["eval/change"] == pytest.approx(d.mean().item(), abs=1e-6)
+    assert on_the_way["eval/change_se"] == pytest.approx((d.std() / math.sqrt(3)).item(), abs=1e-6)
+
+
 def test_lora_targets_are_the_demo_codes_191_joint_attention_projections_on_sd35m():
     with torch.device("meta"):  # SD3.5-M's 2.2B parameters as shapes only
         transformer = SD3Transformer2DModel(**models.SD35M_TRANSFORMER)
