@@ -305,6 +305,18 @@ def plot_history(history_path: str, png: str, summaries: dict | None = None) -> 
     fig.savefig(png)
 
 
+def final_report(accelerator, summaries: dict, history_path: str, cfg) -> None:
+    """The end of a training run (main process): its reward curve (reward_curve.png), every evaluation's summary line
+    and the held-out change in paired standard errors."""
+    plot_history(history_path, os.path.join(cfg.output_dir, "reward_curve.png"), summaries)
+    for tag, summary in summaries.items():
+        accelerator.print(f"eval {tag}: " + format_summary(summary))
+    if "eval/change" in summaries.get("after", {}):
+        change, se = summaries["after"]["eval/change"], summaries["after"]["eval/change_se"]
+        accelerator.print(f"held-out change {change:+.4f} +- {se:.4f} (paired SE over {cfg.eval_samples} images) = "
+                          f"{change / max(se, 1e-12):+.1f} SE")
+
+
 def load_checkpoint_weights(pipe, checkpoint: str, ema: bool) -> str:
     """Put a train.py checkpoint's LoRA (or EMA LoRA, or full transformer) into the pipeline; returns the folder.
 

@@ -401,9 +401,7 @@ def spread_kept(order: torch.Tensor, keep: torch.Tensor, batch: int) -> torch.Te
     return torch.cat(parts)  # (n,)
 
 
-# ================================================================================================================
-# Logging (the evaluation is evaluate.HeldOut's, the checkpoints checkpoint.py's)
-# ================================================================================================================
+# ======================================== Logging (evaluation: evaluate.HeldOut; checkpoints: checkpoint.py) =====
 
 
 def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: torch.Tensor, *, finals: dict,
@@ -436,19 +434,13 @@ def iteration_log(run: Run, R_all: torch.Tensor, kept: torch.Tensor, detected: t
 
 
 def finish(run: Run, summaries: dict, history_path: str) -> None:
-    """The reward curve and the evaluations' summary lines; then every process ends its part of the run together."""
+    """The run's reward curve and summary lines (evaluate.final_report, the judge audit's); then every process ends
+    its part of the run together (a lone destroy of a gloo/NCCL group can hang or abort)."""
     acc = run.accelerator
     if acc.is_main_process:
-        evaluate.plot_history(history_path, os.path.join(run.cfg.output_dir, "reward_curve.png"), summaries)
-        for tag, summary in summaries.items():
-            acc.print(f"eval {tag}: " + evaluate.format_summary(summary))
-        if "eval/change" in summaries.get("after", {}):
-            change, se = summaries["after"]["eval/change"], summaries["after"]["eval/change_se"]
-            acc.print(f"held-out change {change:+.4f} +- {se:.4f} (paired SE over {run.cfg.eval_samples} images) = "
-                      f"{change / max(se, 1e-12):+.1f} SE")
+        evaluate.final_report(acc, summaries, history_path, run.cfg)
         if run.audit.history:
             acc.print(run.audit.summary())
-    # every process reaches here before any tears its gloo/NCCL group down (a lone destroy can hang or abort)
     acc.wait_for_everyone()
     acc.end_training()
 
