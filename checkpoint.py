@@ -14,8 +14,19 @@ naming the file and what to do; nothing is written. A checkpoint from before man
 holds: every JSON file parses, every safetensors header covers its file, every torch pickle archive's CRCs match (a
 missing file then shows only when it is loaded).
 
-Used by train.py; tested by tests/test_train.py (resume is bit-exact, damaged checkpoints are refused, checkpoints
-load in diffusers).
+Resuming with other settings: the fields that shape the saved state (SHAPING: the model, LoRA's rank, alpha and
+targets, the EMA on or off) must match the checkpoint's config.json, checked before anything loads (one line naming
+the field, the checkpoint's value and what to do; nothing written); every other field that differs is printed once
+("resumed with lr 0.001 -> 0.01") and appended to output_dir/resumes.jsonl. A field an older config.json lacks
+counts as unchanged.
+
+Besides iter-NNNNNN, --keep-best keeps output_dir/checkpoints/best/ (alarms.py): the same complete checkpoint plus
+best.json, replaced by the same write-then-rename; --resume takes it like any other, and 'latest' stays the newest
+iter-NNNNNN.
+
+Used by train.py and alarms.py; tested by tests/test_train.py (resume is bit-exact, damaged checkpoints are refused,
+checkpoints load in diffusers), tests/test_alarms.py (the best checkpoint) and tests/test_bad_input.py (resuming with
+other settings).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import zipfile
@@ -82,23 +94,32 @@ def find_checkpoint(cfg: Config) -> str:
     problem = check_checkpoint(path)
     if problem:
         parent, name = os.path.split(os.path.normpath(path))
-        earlier = [d for d in complete_checkpoints(parent) if d < name]
+        earlier = [d for d in complete_checkpoints(parent) if d < name or name == BEST]  # best: any iter-NNNNNN
         advice = (f"resume from an earlier one (--resume {os.path.join(parent, earlier[-1])}, the newest of "
                   f"{len(earlier)}) or start fresh without --resume" if earlier else
                   f"start fresh without --resume (no earlier checkpoint in {parent})")
         sys.exit(f"error: checkpoint {path} is damaged: {problem}; {advice}")
+    problem = shape_problem(saved_config(path), cfg)
+    if problem:
+        sys.exit(f"error: checkpoint {path} {problem}")
     if cfg.ema_decay > 0 and not os.path.isfile(os.path.join(path, "ema.safetensors")):
         sys.exit(f"error: '{path}' has no ema.safetensors (trained with EMA off, or by an older train.py); "
                  f"resume with the --ema-decay it was trained with")
     return path
 
 
-def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progress, cfg: Config) -> str:
+def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progress, cfg: Config, *, name: str = "",
+                    extra: dict | None = None) -> str:
     """The whole training state plus diffusers-format weights of `transformer` (the unwrapped policy), written to
     a temp folder and renamed at the end, so that an interrupted save never leaves a checkpoint that looks
-    complete. Returns the folder."""
-    final = os.path.join(cfg.output_dir, "checkpoints", f"iter-{progress.iteration:06d}")
+    complete. `name`: the folder under output_dir/checkpoints (default iter-NNNNNN; BEST for --keep-best's);
+    `extra`: {file name: JSON-able} written beside progress.json (alarms.py's state, best.json). Every process
+    calls it (accelerate's state has files of each). Returns the folder."""
+    final = os.path.join(cfg.output_dir, "checkpoints", name or f"iter-{progress.iteration:06d}")
     tmp = final + ".tmp"
+    if accelerator.is_main_process:  # what an interrupted save left there would otherwise enter the manifest
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
     # DeepSpeed's engine saves the whole module unless told otherwise: gigabytes of frozen base weights
     accelerator.save_state(tmp, **({"exclude_frozen_parameters": True} if _deepspeed(accelerator) else {}))
     accelerator.wait_for_everyone()  # every process has written its files (RNG states, optimizer shards) into tmp
@@ -113,19 +134,33 @@ def save_checkpoint(accelerator, transformer, ema: EMA | None, progress: Progres
             json.dump(dataclasses.asdict(cfg), f, indent=1)
         with open(os.path.join(tmp, "progress.json"), "w") as f:
             json.dump(dataclasses.asdict(progress), f)
+        for file, content in (extra or {}).items():
+            with open(os.path.join(tmp, file), "w") as f:
+                json.dump(content, f)
         write_manifest(tmp)
-        shutil.rmtree(final, ignore_errors=True)
+        # the old folder (the previous best, or a checkpoint rewritten after a resume) is moved aside before the new
+        # one takes its name: at every moment one complete checkpoint is there under the name or beside it (.old)
+        if os.path.isdir(final):
+            shutil.rmtree(final + ".old", ignore_errors=True)
+            os.replace(final, final + ".old")
         os.replace(tmp, final)
+        shutil.rmtree(final + ".old", ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint(accelerator, ema: EMA | None, progress: Progress, folder: str):
+def load_checkpoint(accelerator, ema: EMA | None, progress: Progress, folder: str, cfg: Config, *, optimizer):
     """accelerate's state (trainable weights as safetensors; optimizer, RNG states as pickles), then ours:
     progress.json and ema.safetensors, not accelerate's pickled custom state. Exits with one line if the EMA does
-    not fit."""
+    not fit. The settings changed since the checkpoint (config_changes) are printed in one line and appended to
+    output_dir/resumes.jsonl, and this run's AdamW settings are put back into `optimizer`."""
     # the DeepSpeed checkpoint holds the trainable weights alone (save_checkpoint), so the frozen ones are missing
     accelerator.load_state(folder, **({"load_module_strict": False} if _deepspeed(accelerator) else {}))
+    # torch's load_state_dict restores the saved param groups' hyperparameters too: without this, `--resume latest
+    # --lr 0.01` would log lr 0.01 and go on stepping at the checkpoint's lr (AdamW's moments stay as saved)
+    for group in optimizer.param_groups:
+        group.update(lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
+                     eps=cfg.adam_eps)
     progress.iteration = json.load(open(os.path.join(folder, "progress.json")))["iteration"]
     if ema is not None:
         try:
@@ -133,6 +168,69 @@ def load_checkpoint(accelerator, ema: EMA | None, progress: Progress, folder: st
         except ValueError as e:
             sys.exit(f"error: {e}")
     accelerator.print(f"resumed from {folder} at iteration {progress.iteration}")
+    changes = config_changes(saved_config(folder), cfg)
+    if changes:
+        accelerator.print("resumed with " + ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changes.items()))
+        if accelerator.is_main_process:
+            os.makedirs(cfg.output_dir, exist_ok=True)
+            with open(os.path.join(cfg.output_dir, "resumes.jsonl"), "a") as f:
+                f.write(json.dumps({"iteration": progress.iteration, "checkpoint": folder,
+                                    "changed": {k: list(v) for k, v in changes.items()}}) + "\n")
+
+
+# ---- resuming with other settings --------------------------------------------------------------------------------
+BEST = "best"  # --keep-best's folder under output_dir/checkpoints (alarms.py)
+# The fields that shape the saved state, with what a change would do: the trainable weights would not load (another
+# model, rank or set of adapted layers: a state_dict error deep in accelerate), or would load into another policy
+# (alpha scales LoRA's output by alpha / r); the EMA on or off is checked apart (shape_problem).
+SHAPING = {"model": "the base model its weights adapt", "lora_rank": "the shape of its LoRA weights",
+           "lora_alpha": "the scale of its LoRA (alpha / r): the same weights would be another policy",
+           "lora_targets": "the layers its LoRA adapts"}
+
+
+def saved_config(folder: str) -> dict:
+    """The checkpoint's config.json ({} for a checkpoint without one)."""
+    path = os.path.join(folder, "config.json")
+    return json.load(open(path)) if os.path.isfile(path) else {}
+
+
+def config_changes(saved: dict, cfg: Config) -> dict[str, tuple]:
+    """{field: (the checkpoint's value, this run's)} for every field that differs from the checkpoint's config
+    (`saved`); a field it lacks counts as unchanged, and --resume itself is left out."""
+    now = dataclasses.asdict(cfg)
+    return {k: (saved[k], v) for k, v in now.items() if k in saved and k != "resume" and not _same(k, saved[k], v)}
+
+
+def shape_problem(saved: dict, cfg: Config) -> str:
+    """'' if this run's settings fit the checkpoint's saved state, else the rest of one line: which field, the
+    checkpoint's value and what to do."""
+    changes = config_changes(saved, cfg)
+    fix = "or start fresh without --resume (in another --output-dir)"
+    for name, what in SHAPING.items():
+        if name in changes:
+            old, new = changes[name]
+            flag = "--" + name.replace("_", "-")
+            return f"was trained with {flag} {old}, not {new} ({what}); resume with {flag} {old}, {fix}"
+    if "ema_decay" in changes and (changes["ema_decay"][0] > 0) != (cfg.ema_decay > 0):
+        old, now = changes["ema_decay"][0], "on" if cfg.ema_decay > 0 else "off"
+        return (f"was trained with the EMA {'on' if old > 0 else 'off'} (--ema-decay {old}) and --ema-decay "
+                f"{cfg.ema_decay} turns it {now}; resume with --ema-decay {old}, {fix}")
+    return ""
+
+
+def _same(name: str, saved, now) -> bool:
+    """Whether a saved setting equals this run's: LoRA's targets as a set; the model also when the saved path no
+    longer exists and this run's folder has its name (the repository moved, e.g. the tiny preset's toy_model/, which
+    the preset names by its absolute path) or when both name the same folder."""
+    if saved == now:
+        return True
+    if name == "lora_targets" and isinstance(saved, str):
+        return set(saved.split(",")) == set(now.split(","))
+    if name == "model" and isinstance(saved, str) and os.path.isdir(now):
+        if os.path.exists(saved):
+            return os.path.samefile(saved, now)
+        return os.path.basename(os.path.normpath(saved)) == os.path.basename(os.path.normpath(now))
+    return False
 
 
 # ---- the manifest ------------------------------------------------------------------------------------------------
@@ -178,9 +276,9 @@ def check_checkpoint(folder: str) -> str:
 
 
 def complete_checkpoints(root: str) -> list[str]:
-    """The names of the complete checkpoints in `root` (iter-NNNNNN, oldest first; not an unfinished .tmp)."""
-    return sorted(d for d in os.listdir(root) if d.startswith("iter-") and not d.endswith(".tmp")) \
-        if os.path.isdir(root) else []
+    """The names of the complete iter-NNNNNN checkpoints in `root`, oldest first (not an unfinished .tmp, a .old
+    being replaced, or BEST)."""
+    return sorted(d for d in os.listdir(root) if re.fullmatch(r"iter-\d+", d)) if os.path.isdir(root) else []
 
 
 def _read_safetensors(path: str):

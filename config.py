@@ -125,8 +125,27 @@ class Config:
     seed: int = _f(0, "seed of prompts, noise and shuffling: (seed, iteration, prompt, member)")
     # where things go
     output_dir: str = _f("runs/pickscore", "checkpoints, logs, sample grids")
-    resume: str = _f("", "checkpoint folder to continue from, or 'latest' in output_dir")
+    resume: str = _f("", "checkpoint folder to continue from ('latest' in output_dir, or output_dir/checkpoints/"
+                         "best); the fields that shape the saved state must match it, other changes are printed "
+                         "and logged to output_dir/resumes.jsonl (checkpoint.py)")
     report_to: str = _f("tensorboard", "tensorboard | wandb | none")
+    # watching a long run (alarms.py; docs/metrics.md, 'Alarms'): the best checkpoint kept, collapse, reward hacking
+    # and a degenerate training signal reported as they happen
+    keep_best: str = _f("", "keep the policy of the best held-out evaluation so far as output_dir/checkpoints/best, "
+                            "by this metric: eval/reward or eval/<name> of a reward in --rewards, a weight-0 gold "
+                            "too ('' = off); it is also the metric the collapse alarm watches")
+    alarm_se: float = _f(3.0, "a held-out change counts for an alarm beyond this many paired standard errors over "
+                              "the evaluation's images: collapse (the watched metric below its best so far), drift "
+                              "(the proxy up and a weight-0 gold down since the previous evaluation)")
+    alarm_window: int = _f(10, "the training-signal alarms judge the mean of the last this many iterations")
+    alarm_zero_std: float = _f(0.5, "alarm when that mean of reward/zero_std_groups (groups without signal) is above "
+                                    "this (1 = off)")
+    alarm_clip_frac: float = _f(0.49, "alarm when that mean of train/clip_frac is above this (1 = off; it cannot "
+                                      "exceed 1 - 1/updates_per_iter: the first update is on-policy)")
+    alarm_kl: float = _f(0.0, "alarm when that mean of train/approx_kl (how far an iteration's updates move the "
+                              "policy) is above this (0 = off: no GPU run has measured its normal level)")
+    stop_on_alarm: bool = _f(False, "end the run cleanly at the first alarm, after an evaluation of that iteration "
+                                    "(the best checkpoint kept, a last checkpoint written)")
 
     @property
     def completes(self) -> bool:
@@ -159,7 +178,11 @@ PRESETS = {
                  lr=3e-3, lora_rank=8, lora_alpha=16, mixed_precision="no", reward_batch=64, judge_audit=10,
                  audit_continuations=8,
                  iterations=30, eval_every=0, save_every=0, output_dir="runs/tiny",
-                 beta=0.0, clip_range=1e-5, ema_decay=0.0, report_to="tensorboard"),
+                 beta=0.0, clip_range=1e-5, ema_decay=0.0, report_to="tensorboard",
+                 # the training-signal alarms above the committed laboratory runs at the preset's lr and clip (the
+                 # KL's above all but one of 134; docs/metrics.md, 'Alarms'): the programmatic reward's groups tie
+                 # once it is learned, up to 0.525 of them over 10 iterations, hence 0.6 for the zero-std share
+                 alarm_zero_std=0.6, alarm_kl=2e-7),
 }
 
 
@@ -244,6 +267,7 @@ def _above(low):
 
 
 _FRACTION = (lambda v: 0 <= v < 1), "in [0, 1)"
+_SHARE = (lambda v: 0 <= v <= 1), "in [0, 1]"
 # Every numeric field's range, as (field, (test, the range in words), why): check_config refuses a value outside it
 # (or not finite) with one line. The window's fit in the grid and cps's noise level need two fields (below).
 RANGES = (
@@ -286,6 +310,11 @@ RANGES = (
     ("eval_seed", _at_least(0), ""),
     ("save_every", _at_least(0), "0 = only at the end"),
     ("seed", _at_least(0), ""),
+    ("alarm_se", _above(0), "paired standard errors"),
+    ("alarm_window", _at_least(1), "iterations"),
+    ("alarm_zero_std", _SHARE, "1 = off"),
+    ("alarm_clip_frac", _SHARE, "1 = off"),
+    ("alarm_kl", _at_least(0), "0 = off"),
 )
 
 
@@ -323,10 +352,23 @@ def check_config(cfg: Config) -> str:
         return f"--completion: {e}"
     if not 1 <= cfg.window <= cfg.steps or cfg.window_start + cfg.window > cfg.steps:
         return f"the SDE window (w0={cfg.window_start}, W={cfg.window}) must fit in T={cfg.steps} steps"
+    metrics = heldout_metrics(cfg.rewards)
+    if cfg.keep_best and cfg.keep_best not in metrics:
+        return (f"--keep-best {cfg.keep_best} is not a held-out metric of this run; name one of "
+                f"{', '.join(metrics)} (eval/<name> for each reward of --rewards)")
     own = eval_seed_for(cfg.eval_prompts, cfg.eval_seed)
     if cfg.eval_seed != own:
         return f"--eval-prompts {cfg.eval_prompts} needs --eval-seed {own} (its own noise)"
     return ""
+
+
+def heldout_metrics(rewards: str) -> list[str]:
+    """The held-out metrics --keep-best may name: eval/reward (the weighted total) and eval/<name> of every reward
+    of `rewards`, weight 0 included (a malformed `rewards` is reported where the rewards load)."""
+    try:
+        return ["eval/reward"] + [f"eval/{name}" for name in parse_weights(rewards)]
+    except ValueError:
+        return ["eval/reward"]
 
 
 def eval_seed_for(eval_prompts: str, default: int) -> int:

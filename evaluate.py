@@ -47,6 +47,7 @@ import quality  # noqa: F401  (registers imagereward and unifiedreward in reward
 import rewards
 import sampler as S
 import toyworld
+from checkpoint import MANIFEST, check_checkpoint
 
 GRID_IMAGES = 32  # evaluation images shown in the grid picture (grid.png, train.py's samples_<tag>.png)
 
@@ -95,7 +96,7 @@ def sample_and_score(pipe, prompts: list[str], metadata: list[dict], reward_fn, 
 class HeldOut:
     """The held-out evaluation inside training: the (EMA) policy sampled with the plain ODE on the run's
     evaluation prompts and settings (`sample_and_score`), the same images at every evaluation point. Called as
-    heldout(tag, iteration) by train.py; writes eval_<tag>.json and samples_<tag>.png and returns
+    heldout(tag, iteration) by train.py before training and by alarms.Watch after it; writes eval_<tag>.json and samples_<tag>.png and returns
     {"eval/<metric>": value}, with the paired change against "before" (the same images) once that exists."""
 
     cfg: config.Config
@@ -323,6 +324,9 @@ def load_checkpoint_weights(pipe, checkpoint: str, ema: bool) -> str:
     `checkpoint` is a training checkpoint (iter-NNNNNN with lora/ and lora_ema/) or a folder holding
     pytorch_lora_weights.safetensors directly.
     """
+    problem = check_checkpoint(checkpoint) if os.path.isfile(os.path.join(checkpoint, MANIFEST)) else ""
+    if problem:  # a training checkpoint (iter-NNNNNN, best) is checked against its manifest, as --resume does
+        raise ValueError(f"checkpoint {checkpoint} is damaged: {problem}; evaluate another checkpoint")
     folder = checkpoint
     sub = "lora_ema" if ema else "lora"
     if os.path.isdir(os.path.join(checkpoint, sub)):
@@ -367,12 +371,15 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.task not in config.PRESETS:
         p.error(f"unknown task '{args.task}'; choose one of {', '.join(config.PRESETS)}")
-    cfg = config.Config(**dict(config.PRESETS[args.task], task=args.task))
+    # the flags shared with train.py override the preset and are range-checked as there (config.RANGES)
+    shared = {k: getattr(args, k) for k in ("eval_samples", "eval_steps", "eval_guidance", "resolution",
+                                            "reward_batch") if getattr(args, k) is not None}
+    cfg = config.Config(**dict(config.PRESETS[args.task], task=args.task, **shared))
+    problem = config.check_ranges(cfg)
+    if problem:
+        p.error(problem)
     model = args.model or cfg.model
-    steps = args.eval_steps or cfg.eval_steps
-    guidance = args.eval_guidance if args.eval_guidance is not None else cfg.eval_guidance
-    samples = args.eval_samples or cfg.eval_samples
-    resolution = args.resolution or cfg.resolution
+    steps, guidance, samples, resolution = cfg.eval_steps, cfg.eval_guidance, cfg.eval_samples, cfg.resolution
     try:
         model_paths = config.parse_model_paths(args.model_paths)
     except ValueError as e:
@@ -393,13 +400,13 @@ def main(argv: list[str] | None = None) -> dict:
         if args.checkpoint != "none":
             load_checkpoint_weights(pipe, args.checkpoint, args.ema)
         reward_fn = rewards.load_rewards(config.parse_weights(args.rewards or cfg.rewards), accelerator.device,
-                                         model_paths=model_paths, batch_size=args.reward_batch)
+                                         model_paths=model_paths, batch_size=cfg.reward_batch)
     except (models.ModelLoadError, rewards.RewardLoadError, ValueError, OSError) as e:
         sys.exit(f"error: {e}")
     seed = config.eval_seed_for(args.eval_prompts or cfg.eval_prompts, cfg.eval_seed)  # toy:validation has its own
     result = sample_and_score(pipe, prompts, metadata, reward_fn, samples=samples, steps=steps, guidance=guidance,
                               resolution=resolution, max_sequence_length=cfg.max_sequence_length,
-                              batch=args.reward_batch, accelerator=accelerator, seed=seed)
+                              batch=cfg.reward_batch, accelerator=accelerator, seed=seed)
     summary = result["summary"]
     if accelerator.is_main_process:
         os.makedirs(out, exist_ok=True)

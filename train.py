@@ -17,8 +17,8 @@ each a function with its paper reference, then logging:
   4. update_policy Flow-GRPO's clipped surrogate + KL to the adapter-disabled model on the window steps, gradients
                    accumulated over the W steps and micro-batches of an update, then one optimizer step and the EMA,
                    `updates_per_iter` times;
-  5. iteration_log, the judge audit when due (audit.py), the held-out evaluation (evaluate.HeldOut),
-     save_checkpoint (checkpoint.py).
+  5. iteration_log, the judge audit when due (audit.py), the held-out evaluation (evaluate.HeldOut) with the alarms
+     and the best checkpoint (alarms.Watch: --keep-best, --stop-on-alarm), save_checkpoint (checkpoint.py).
 
 Run:
   python train.py --task tiny                                # CPU, the toy world (toyworld.py), a few minutes
@@ -56,6 +56,7 @@ import models
 import rewards
 import sampler as S
 import turning_points as tp
+from alarms import Watch
 from checkpoint import Progress, find_checkpoint, load_checkpoint, register_trainable_only_hooks, save_checkpoint
 from audit import JudgeAudit
 from config import Config
@@ -86,6 +87,7 @@ class Run:
     train_set: tuple[list[str], list[dict]]  # (prompts, metadata)
     heldout: evaluate.HeldOut  # heldout(tag, iteration): the held-out evaluation, its summary to log
     audit: JudgeAudit  # audit(it, samples, R_all): the judge against the stochastic truth when due, its metrics
+    watch: Watch  # watch.step(run, log, summaries): evaluations, alarms, the best checkpoint (alarms.py)
     sigmas: torch.Tensor  # (T+1,) the sigma grid
     timesteps: torch.Tensor  # (T,) the transformer's timestep inputs
     shape: tuple[int, ...]  # one latent: (C, h, w), or FLUX's packed (h/2 * w/2, 4C)
@@ -145,19 +147,17 @@ def main(cfg: Config) -> dict:
         log = iteration_log(run, R_all, kept, detected, finals=finals, train_stats=train_stats, nfe=nfe, timer=timer)
         log.update(audited)
         done = run.progress.iteration
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.iterations:
-            log.update(run.heldout(f"iter{done:06d}", done))
-        if done == cfg.iterations:
-            summaries["after"] = run.heldout("after", done)
-            log.update(summaries["after"])
+        stop = run.watch.step(run, log, summaries)  # the evaluation due, the alarms, the best checkpoint (alarms.py)
         log["time/elapsed_s"] = time.perf_counter() - started  # wall time of this call so far, evaluations included
         acc.log(log, step=run.progress.iteration)
         if main_proc:
             bar.set_postfix(reward=f"{log['reward/mean']:.3f}", loss=f"{log['train/loss']:.3g}")
             with open(history_path, "a") as f:
                 f.write(json.dumps({"iteration": done, **log}) + "\n")
-        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.iterations:
-            save_checkpoint(acc, run.policy, run.ema, run.progress, cfg)
+        if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.iterations or stop:
+            save_checkpoint(acc, run.policy, run.ema, run.progress, cfg, extra={"alarms.json": run.watch.state()})
+        if stop:  # --stop-on-alarm: every process decided it from the same values
+            break
     finish(run, summaries, history_path)
     return {"summaries": summaries, "policy": run.policy}
 
@@ -231,9 +231,9 @@ def setup(cfg: Config) -> Run:
     run = Run(cfg=cfg, accelerator=accelerator, pipe=pipe, policy=policy, sampling_policy=sampling_policy,
               ddp_policy=ddp_policy, step_loss=step_loss, optimizer=optimizer, params=params, ema=ema,
               reward_fn=reward_fn, train_set=train_set, heldout=heldout, audit=audit, sigmas=sigmas,
-              timesteps=timesteps, shape=shape, N=N, mine=mine)
+              timesteps=timesteps, shape=shape, N=N, mine=mine, watch=Watch(cfg, resume_from))
     if resume_from:
-        load_checkpoint(accelerator, ema, run.progress, resume_from)
+        load_checkpoint(accelerator, ema, run.progress, resume_from, cfg, optimizer=optimizer)
     if accelerator.is_main_process:
         os.makedirs(cfg.output_dir, exist_ok=True)
     if cfg.report_to != "none":
@@ -441,6 +441,7 @@ def finish(run: Run, summaries: dict, history_path: str) -> None:
         evaluate.final_report(acc, summaries, history_path, run.cfg)
         if run.audit.history:
             acc.print(run.audit.summary())
+        acc.print(run.watch.summary())
     acc.wait_for_everyone()
     acc.end_training()
 

@@ -1,7 +1,7 @@
 """train.py and evaluate.py end to end on the random-weight tiny SD3 (16 px, CPU): each algorithm trains, LoRA
 weights move and base weights do not, the saved LoRA loads into diffusers, resume is bit-exact, two processes
-(gloo) stay in sync and agree with one process on advantages, evaluation writes finite metrics (bad input:
-tests/test_bad_input.py)."""
+(gloo) stay in sync, stop together on an alarm (alarms.py) and agree with one process on advantages, evaluation
+writes finite metrics (bad input: tests/test_bad_input.py; the alarms and the best checkpoint: tests/test_alarms.py)."""
 
 import json
 import math
@@ -272,12 +272,20 @@ def test_two_processes_train_in_sync(tmp_path):
     # G = 3 members strided over 2 processes: one holds 2 members of the constant prompt's group, the other 1, so
     # the zero-advantage filter masks 2 of one process's 3 micro-batches and 1 of the other's; both must still
     # run the same backward passes, or DDP hangs
-    # the judge audit on at every iteration: its group's members sit on both processes, which gather and agree
+    # the judge audit on at every iteration: its group's members sit on both processes, which gather and agree.
+    # The alarms: the constant prompt's group has no signal (reward/zero_std_groups 0.5), above --alarm-zero-std 0.4
+    # once the window of 2 iterations is full, so --stop-on-alarm ends the 3-iteration run at 2 on both processes
+    # (one stopping alone would hang the other), after keeping the best checkpoint (a save both take part in)
     proc = _launch_two([os.path.join(ROOT, "tests", "train_worker.py"), *FAST, "--rewards", "half_constant:1",
                         "--prompts", str(prompts), "--group-size", "3", "--sample-batch", "3", "--train-batch", "1",
                         "--updates-per-iter", "1", "--judge-audit", "1", "--audit-continuations", "2",
-                        "--output-dir", out])
+                        "--output-dir", out, "--iterations", "3", "--alarm-zero-std", "0.4", "--alarm-window", "2",
+                        "--stop-on-alarm", "true", "--keep-best", "eval/reward"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "alarm at iteration 2: reward/zero_std_groups" in proc.stdout
+    assert "--stop-on-alarm: the run ends at iteration 2" in proc.stdout
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == ["best", "iter-000002"]
+    assert json.load(open(os.path.join(out, "checkpoints", "best", "best.json")))["iteration"] == 2
     # DDP keeps every process's weights identical by construction: each process's trained LoRA, bit for bit
     ranks = [load_file(os.path.join(out, f"trained_rank{r}.safetensors")) for r in (0, 1)]
     assert ranks[0].keys() == ranks[1].keys() and all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])
@@ -285,6 +293,7 @@ def test_two_processes_train_in_sync(tmp_path):
     history = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert len(history) == 2 and history[0]["cost/transformer_evals"] == 55 * 6  # both processes counted
     assert [h["train/zero_adv_frac"] for h in history] == [0.5, 0.5]
+    assert [(h["reward/zero_std_groups"], h["alarm/zero_std"]) for h in history] == [(0.5, 0.0), (0.5, 1.0)]
     # both processes' continuations counted: 3 members x (2 x (9 + 8 + ... + 1) + 9 first velocities) = 297
     assert [h["judge/evals"] for h in history] == [297, 297] and all("judge/resolved" in h for h in history)
     assert all(h["train/first_ratio_dev"] <= ON_POLICY for h in history)  # sampling batch 3, training batch 1
