@@ -12,7 +12,7 @@ draws what the judge sees.
                                  # SDE truth at a = 0.7, one judges_vs_sde_4x_seed<S>.json per seed in
                                  # lab/results/judge, lab/reports/judges_truth.md (differences between judges too)
   python -m lab.judge fidelity   # the cheaper judges (--completion ode:K, x0) against the full ODE judge:
-                                 # lab/results/judge/fidelity.json, lab/reports/{fidelity.md}
+                                 # lab/results/judge/fidelity.json, lab/reports/fidelity.md (--report: only that)
   python -m lab.judge figures    # docs/turning_points.png and docs/filmstrip.png (the README's pictures)
 
 Shape legend: n trajectories, G group members, M continuations per state, W window steps, R (n, W+1) a judge's
@@ -299,6 +299,9 @@ def fidelity(args) -> dict:
     """The cheaper judges against the full ODE judge on the same window states (docs/method.md, 'Cheaper judges'):
     `agreement` with R_ode as the truth, plus the correlation of TP-GRPO's per-timestep advantages (strict rule,
     groups of `members` trajectories of one caption) and the evaluations each judge costs per trajectory."""
+    path = os.path.join(args.results, "judge", "fidelity.json")
+    if args.report:
+        return report_fidelity(json.load(open(path)), args.reports)
     cfg, pipe, reward_fn, _ = toy_setup()
     ro, cond, R_ode, reward, _ = toy_trajectories(pipe, cfg, reward_fn, args.members, cfg.noise_level, args.seed)
     adv = lambda R: grpo.per_timestep_advantages(tp.step_rewards(R, args.members)[0], args.members)  # noqa: E731
@@ -314,7 +317,7 @@ def fidelity(args) -> dict:
                "evals_per_trajectory": per_trajectory}
         out["judges"][spec] = row
         log_row(spec, row)
-    write_json(out, os.path.join(args.results, "judge", "fidelity.json"))
+    write_json(out, path)
     report_fidelity(out, args.reports)
     return out
 
@@ -491,6 +494,7 @@ def main():
     fi.add_argument("--seed", type=int, default=0)
     fi.add_argument("--results", default=os.path.join(LAB, "results"))
     fi.add_argument("--reports", default=os.path.join(LAB, "reports"))
+    fi.add_argument("--report", action="store_true", help="only rewrite fidelity.md from the results")
     args = p.parse_args()
     {"figures": figures, "measure": measure, "truth": truth, "fidelity": fidelity}[args.command](args)
 
