@@ -398,8 +398,8 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
                       report.clip_check_table(runs, TOYSCORE_CLIP[:2]), ""]
         if name == "replication":
             parts += [report.equivalence_line(runs, *EQUIVALENCE), ""]
-        if name == "judge-round":
-            parts += [report.audit_table(runs), ""]
+        if name in ("judge-round", "replication"):
+            parts += ["#### The judge audit over training", "", report.audit_table(runs), ""]
         if len(exp.metrics) > 1 and any(v.eval_every for v, _ in runs.values()):
             parts += ["#### Over-optimisation: the proxy and the gold between evaluation points", "",
                       report.drift_table(runs), ""]
@@ -419,6 +419,8 @@ def write_reports(names: list[str], results: str, reports: str) -> str:
             figures.proxy_gold_figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}")
         else:
             figures.figure(runs, os.path.join(reports, f"{name}.png"), f"{name}: {exp.doc}", alone=alone)
+        if name in ("judge-round", "replication"):
+            figures.audit_figure(runs, os.path.join(reports, f"{name}-audit.png"), f"{name}: the judge audit")
         texts.append(text)
     print("\n\n".join(texts))
     return "\n\n".join(texts)

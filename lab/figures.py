@@ -80,6 +80,31 @@ def figure(runs: dict, path: str, title: str, alone: dict | None = None) -> None
     fig.savefig(path)
 
 
+def audit_figure(runs: dict, path: str, title: str) -> None:
+    """The judge audit over training: each variant's within-group correlation of its judge with the stochastic truth
+    at s_0, and the sign agreement of resolved d_k, against iterations, mean +- SE over seeds (report.audit_curve)."""
+    fig = Figure(figsize=(10, 3.8), dpi=110)
+    axes = fig.subplots(1, 2)
+    styles = ["-", "--", ":", "-."]
+    for ax, (key, name) in zip(axes, report.AUDIT):
+        seen = {}
+        for label, (v, seeds) in runs.items():
+            style = styles[seen.get(v.method, 0) % len(styles)]
+            seen[v.method] = seen.get(v.method, 0) + 1
+            curve = {i: x for i, x in report.audit_curve(seeds, key).items() if x.numel()}
+            ax.errorbar(list(curve), [x.mean().item() for x in curve.values()],
+                        [report._se(x[:, None])[0].item() for x in curve.values()], fmt="o" + style,
+                        color=COLORS[v.method], capsize=3, ms=4, label=f"{label} ({len(seeds)} seeds)")
+        ax.axhline(0.5 if key == "judge/sign_agree" else 0, color="black", lw=0.5)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(f"judge audit: {name}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    fig.suptitle(f"{title}\nthe judge against the stochastic truth on one audited group, +- SE over seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def _change_figure(series: list, xlabel: str, ylabel: str, title: str, path: str, log: bool = False) -> None:
     """Change +- SE over seeds against one axis: `series` is [(label, method, line style, [(x, change_stats)])]."""
     fig = Figure(figsize=(6.5, 4), dpi=110)

@@ -293,20 +293,29 @@ def equivalence_line(runs: dict, a: str, b: str, margin: float, metric: str = "r
             + f" (the 90% interval {'lies' if e['equivalent'] else 'does not lie'} inside +-{margin}).")
 
 
+AUDIT = (("judge/corr_0", "correlation at s_0"), ("judge/sign_agree", "sign agreement"))
+
+
+def audit_curve(seeds: list[dict], key: str) -> dict[int, torch.Tensor]:
+    """{iteration: (S',) the audit statistic `key` of every seed that logged it there} over the audited iterations
+    (a seed whose audit left the statistic out, nothing to count, is left out of that iteration)."""
+    its = sorted({row["iteration"] for r in seeds for row in r["rows"] if "judge/resolved" in row})
+    return {i: torch.tensor([row[key] for r in seeds for row in r["rows"] if row["iteration"] == i and key in row])
+            for i in its}
+
+
 def audit_table(runs: dict) -> str:
     """The judge audit over training: for each variant, the judge's within-group correlation with the stochastic
     truth at s_0 (judge/corr_0) and the sign agreement of resolved d_k (judge/sign_agree) at every audit, mean +-
-    SE over seeds (a seed whose audit left a statistic out, nothing to count, is left out of that cell)."""
-    its = sorted({row["iteration"] for _, seeds in runs.values() for r in seeds for row in r["rows"]
-                  if "judge/resolved" in row})
+    SE over seeds (`audit_curve`)."""
+    its = sorted({i for _, seeds in runs.values() for i in audit_curve(seeds, AUDIT[0][0])})
     lines = ["| variant | statistic | " + " | ".join(f"iteration {i}" for i in its) + " |",
              "|---|---|" + "---|" * len(its)]
     for label, (_, seeds) in runs.items():
-        for key, name in (("judge/corr_0", "correlation at s_0"), ("judge/sign_agree", "sign agreement")):
-            cells = []
-            for i in its:
-                x = torch.tensor([row[key] for r in seeds for row in r["rows"] if row["iteration"] == i and key in row])
-                cells.append(f"{x.mean():.2f} +- {_se(x[:, None])[0]:.2f}" if x.numel() else "-")
+        for key, name in AUDIT:
+            curve = audit_curve(seeds, key)
+            cells = [f"{x.mean():.2f} +- {_se(x[:, None])[0]:.2f}" if (x := curve.get(i, torch.zeros(0))).numel()
+                     else "-" for i in its]
             lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -335,3 +335,24 @@ def test_the_clip_check_counts_late_drops_and_pairs_the_late_loss_pooled_over_me
     assert rows[0][2].startswith("-0.200 +- 0.100") and rows[1][2].startswith("-0.100 +- 0.100")
     d = torch.tensor([-0.3, -0.1, -0.2, 0.0], dtype=torch.float64)
     assert rows[2][0] == "| pooled (4 pairs)" and rows[2][2].startswith(f"-0.150 +- {d.std().item() / 2:.3f}")
+
+
+def test_the_audit_over_training_is_read_per_audited_iteration_over_the_seeds_that_logged_it(tmp_path):
+    def run(seed, audits):  # audits: {iteration: (corr_0 or None, sign_agree)}; other iterations log no audit
+        rows = [{"iteration": i, "reward/mean": 0.5} for i in range(1, 21)]
+        for i, (corr, sign) in audits.items():
+            rows[i - 1].update({"judge/resolved": 3, "judge/sign_agree": sign,
+                                **({} if corr is None else {"judge/corr_0": corr})})
+        return {"argv": ["--seed", str(seed)], "rows": rows, "evals": {}}
+    v = C.Variant("tp-grpo", 3e-3, 1e-5, 0.7, 5, 20)
+    # seed 1's audit at 20 had nothing to correlate (no corr_0): that cell is seed 0's alone
+    seeds = [run(0, {10: (0.2, 0.6), 20: (0.5, 0.9)}), run(1, {10: (0.6, 0.8), 20: (None, 0.7)})]
+    corr = report.audit_curve(seeds, "judge/corr_0")
+    assert list(corr) == [10, 20] and corr[10].tolist() == pytest.approx([0.2, 0.6]) and corr[20].tolist() == [0.5]
+    table = report.audit_table({"tp-grpo": (v, seeds)}).splitlines()
+    assert table[0] == "| variant | statistic | iteration 10 | iteration 20 |"
+    # iteration 10: mean 0.4, SE = sd / sqrt(2) = 0.2828 / 1.414 = 0.2; one seed: SE 0
+    assert table[2] == "| tp-grpo | correlation at s_0 | 0.40 +- 0.20 | 0.50 +- 0.00 |"
+    assert table[3] == "| tp-grpo | sign agreement | 0.70 +- 0.10 | 0.80 +- 0.10 |"
+    figures.audit_figure({"tp-grpo": (v, seeds)}, str(tmp_path / "audit.png"), "test")
+    assert (tmp_path / "audit.png").stat().st_size > 0
