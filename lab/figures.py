@@ -10,11 +10,28 @@ Shape legend: S seeds, I iterations, E evaluation points.
 
 from __future__ import annotations
 
+import textwrap
+
 from matplotlib.figure import Figure
 
 from lab import report
 
 COLORS = {"flow-grpo": "tab:gray", "tp-grpo": "tab:red", "tp-grpo-base": "tab:orange", "incremental": "tab:blue"}
+# a method's further variants (another judge, window or noise level): its colour's darker and lighter kin, in order
+SHADES = {"flow-grpo": ["black", "silver"], "tp-grpo": ["darkred", "tab:pink", "tab:purple"],
+          "tp-grpo-base": ["saddlebrown", "gold"], "incremental": ["navy", "tab:cyan", "slateblue"]}
+STYLES = ["-", "--", ":", "-."]
+
+
+def looks(runs: dict) -> dict:
+    """{label: (colour, line style)}: a method's first variant in its colour with a solid line, each further one in
+    the next shade and line style, so that four judges of one method stay apart in print and on screen."""
+    seen, out = {}, {}
+    for label, (v, _) in runs.items():
+        i = seen[v.method] = seen.get(v.method, -1) + 1
+        shades = [COLORS[v.method], *SHADES[v.method]]
+        out[label] = (shades[i % len(shades)], STYLES[i % len(STYLES)])
+    return out
 
 
 def proxy_gold_figure(runs: dict, path: str, title: str, proxy: str = "reward", gold: str = "toy") -> None:
@@ -22,22 +39,21 @@ def proxy_gold_figure(runs: dict, path: str, title: str, proxy: str = "reward", 
     each seed's own curve faint behind its mean (a drop of one seed, a collapse, shows as itself)."""
     fig = Figure(figsize=(10, 3.8), dpi=110)
     axes = fig.subplots(1, 2)
-    styles = ["-", "--", ":", "-."]
+    look = looks(runs)
     for ax, (metric, name) in zip(axes, [(proxy, "proxy: the trained reward (ToyScore / 26)"),
                                          (gold, "gold: the programmatic score")]):
-        seen = {}
         for label, (v, seeds) in runs.items():
-            style = styles[seen.get(v.method, 0) % len(styles)]
-            seen[v.method] = seen.get(v.method, 0) + 1
+            color, style = look[label]
             its, scores = report._evals(seeds, metric)  # (E,), (S, E)
-            ax.plot(its, scores.T, style, color=COLORS[v.method], lw=0.7, alpha=0.3)
-            ax.errorbar(its, scores.mean(0), yerr=report._se(scores), fmt="o" + style, color=COLORS[v.method],
-                        capsize=3, ms=4, label=f"{label} ({len(seeds)} seeds)")
+            ax.plot(its, scores.T, style, color=color, lw=0.7, alpha=0.3)
+            ax.errorbar(its, scores.mean(0), yerr=report._se(scores), fmt="o" + style, color=color, capsize=3, ms=4,
+                        label=f"{label} ({len(seeds)} seeds)")
         ax.set_xlabel("iteration")
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{title}\nheld-out evaluation, +- SE over seeds; faint: each seed", fontsize=9)
+    # wrapped: an experiment's description is longer than this figure is wide
+    fig.suptitle(f"{textwrap.fill(title, 150)}\nheld-out evaluation, +- SE over seeds; faint: each seed", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -48,16 +64,14 @@ def figure(runs: dict, path: str, title: str, alone: dict | None = None) -> None
     ({label: seconds per iteration measured alone} for every variant), iterations x those calibrated seconds."""
     fig = Figure(figsize=(14, 3.8), dpi=110)
     axes = fig.subplots(1, 3, sharey=True)
-    styles = ["-", "--", ":", "-."]
+    look = looks(runs)
     calibrated = bool(alone) and all(label in alone for label in runs)
     seconds_label = ("seconds alone, calibrated (iterations x seconds per iteration)" if calibrated
                      else "seconds (sampling + rewards + training)")
     for ax, (xkey, xlabel) in zip(axes, [("iteration", "iteration"), ("evaluations", "transformer evaluations"),
                                          ("seconds", seconds_label)]):
-        seen = {}  # variants of each method drawn so far: the next one takes the next line style
         for label, (v, seeds) in runs.items():
-            color, style = COLORS[v.method], styles[seen.get(v.method, 0) % len(styles)]
-            seen[v.method] = seen.get(v.method, 0) + 1
+            color, style = look[label]
             x = report._costs(seeds)[xkey]
             x = x.mean(0) if x.ndim == 2 else x  # (I+1,): seconds averaged over seeds
             if xkey == "seconds" and calibrated:
@@ -85,16 +99,14 @@ def audit_figure(runs: dict, path: str, title: str) -> None:
     at s_0, and the sign agreement of resolved d_k, against iterations, mean +- SE over seeds (report.audit_curve)."""
     fig = Figure(figsize=(10, 3.8), dpi=110)
     axes = fig.subplots(1, 2)
-    styles = ["-", "--", ":", "-."]
+    look = looks(runs)
     for ax, (key, name) in zip(axes, report.AUDIT):
-        seen = {}
         for label, (v, seeds) in runs.items():
-            style = styles[seen.get(v.method, 0) % len(styles)]
-            seen[v.method] = seen.get(v.method, 0) + 1
+            color, style = look[label]
             curve = {i: x for i, x in report.audit_curve(seeds, key).items() if x.numel()}
             ax.errorbar(list(curve), [x.mean().item() for x in curve.values()],
                         [report._se(x[:, None])[0].item() for x in curve.values()], fmt="o" + style,
-                        color=COLORS[v.method], capsize=3, ms=4, label=f"{label} ({len(seeds)} seeds)")
+                        color=color, capsize=3, ms=4, label=f"{label} ({len(seeds)} seeds)")
         ax.axhline(0.5 if key == "judge/sign_agree" else 0, color="black", lw=0.5)
         ax.set_xlabel("iteration")
         ax.set_ylabel(f"judge audit: {name}")

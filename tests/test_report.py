@@ -356,3 +356,15 @@ def test_the_audit_over_training_is_read_per_audited_iteration_over_the_seeds_th
     assert table[3] == "| tp-grpo | sign agreement | 0.70 +- 0.10 | 0.80 +- 0.10 |"
     figures.audit_figure({"tp-grpo": (v, seeds)}, str(tmp_path / "audit.png"), "test")
     assert (tmp_path / "audit.png").stat().st_size > 0
+
+
+def test_each_variant_of_a_method_is_drawn_in_its_own_colour_and_line_style():
+    # the judge round: four judges of TP-GRPO beside Flow-GRPO; a reader tells them apart by colour alone
+    runs = {label: (C.Variant(method, 3e-3, 1e-5, 0.7, 5, 100), []) for label, method in
+            [("tp ode", "tp-grpo"), ("tp x0", "tp-grpo"), ("flow", "flow-grpo"), ("tp mc:1", "tp-grpo"),
+             ("tp mc:4", "tp-grpo")]}
+    look = figures.looks(runs)
+    assert look["tp ode"] == ("tab:red", "-") and look["flow"] == ("tab:gray", "-")  # first variants: as before
+    assert look["tp x0"] == ("darkred", "--") and look["tp mc:4"] == ("tab:purple", "-.")
+    tp = [look[k] for k in ("tp ode", "tp x0", "tp mc:1", "tp mc:4")]
+    assert len({c for c, _ in tp}) == 4 and len({s for _, s in tp}) == 4
